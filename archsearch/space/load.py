@@ -1,0 +1,159 @@
+"""Load study and space files into validated models, or fail in one line.
+
+Pydantic does the type checking; this module turns its errors into a
+``SpecError`` that names the file, the line and the dotted field, with a hint
+(including "did you mean" for misspelt keys and values).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from archsearch.errors import SpecError, did_you_mean
+from archsearch.space._yaml import Lines, read_yaml
+from archsearch.space.schema import Space, Study
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a model was read from: the file and the line of every field."""
+
+    path: str
+    lines: Lines
+
+    def line(self, loc: tuple) -> int | None:
+        """The line of the deepest prefix of ``loc`` that the file holds."""
+        for end in range(len(loc), -1, -1):
+            if loc[:end] in self.lines:
+                return self.lines[loc[:end]]
+        return None
+
+    def error(self, message: str, *, loc: tuple, hint: str | None = None) -> SpecError:
+        field = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".") or None
+        return SpecError(message, path=self.path, line=self.line(loc), field=field, hint=hint)
+
+
+def load_study(path: str | Path) -> Study:
+    """Read, validate and resolve a study file; its space is loaded too.
+
+    Raises ``SpecError`` naming file, line and field on any problem.
+    """
+    study = _load(Study, path)
+    if isinstance(study.space, str):
+        space_path = Path(path).parent / study.space
+        if not space_path.exists():
+            raise study._origin.error(f"space file '{study.space}' not found (looked at {space_path})",
+                                      loc=("space",), hint="paths are relative to the study file")
+        space = _load(Space, space_path)
+    else:
+        space = study.space
+        space._origin = Origin(study._origin.path, _sublines(study._origin.lines, ("space",)))
+    origin = study._origin
+    study = study.model_copy(update={"space": space})
+    study._origin = origin
+    return study
+
+
+def load_space(path: str | Path) -> Space:
+    """Read and validate a space file."""
+    return _load(Space, path)
+
+
+def _sublines(lines: Lines, prefix: tuple) -> Lines:
+    n = len(prefix)
+    return {loc[n:]: line for loc, line in lines.items() if loc[:n] == prefix}
+
+
+def _load(model: type[BaseModel], path: str | Path) -> Any:
+    data, lines = read_yaml(path)
+    origin = Origin(str(path), lines)
+    if not isinstance(data, dict):
+        raise origin.error(f"expected a mapping of keys at the top, got {type(data).__name__}",
+                           loc=(), hint="see `archsearch schema` for the expected keys")
+    try:
+        value = model.model_validate(data)
+    except ValidationError as err:
+        raise _translate(err, model, data, origin) from None
+    value._origin = origin
+    return value
+
+
+def _translate(err: ValidationError, model: type[BaseModel], data: dict, origin: Origin) -> SpecError:
+    # Unions report one error per branch; the branch that got deepest into
+    # the user's data is the one they meant.
+    errors = [(e, *_clean_loc(e, data)) for e in err.errors(include_url=False)]
+    first, loc, _ = max(errors, key=lambda item: item[2])
+    kind, message = first["type"], first["msg"]
+    hint = None
+    if kind == "extra_forbidden":
+        allowed = _fields_at(model, loc[:-1])
+        message = f"unknown key '{loc[-1]}'"
+        hint = did_you_mean(loc[-1], allowed) or (f"allowed: {', '.join(allowed)}" if allowed else None)
+    elif kind == "missing":
+        message = "required key is missing"
+        hint = f"add '{loc[-1]}:' here"
+    elif kind == "literal_error":
+        expected = first["ctx"]["expected"]
+        hint = did_you_mean(first["input"], _quoted(expected)) or f"expected {expected}"
+        message = f"unknown value {first['input']!r}"
+    elif kind == "union_tag_invalid":
+        expected, loc = first["ctx"]["expected_tags"], loc + ("kind",)
+        hint = did_you_mean(first["ctx"]["tag"], _quoted(expected)) or f"expected one of {expected}"
+        message = f"unknown kind {first['ctx']['tag']!r}"
+    elif kind == "union_tag_not_found":
+        message = "missing 'kind'"
+        hint = f"add kind: one of {first.get('ctx', {}).get('expected_tags', '')}"
+    else:
+        hint = "see `archsearch schema` for the expected types"
+    return origin.error(message, loc=loc, hint=hint)
+
+
+def _clean_loc(error: dict, data: Any) -> tuple[tuple, int]:
+    """The error's path through the user's data, and how many parts matched.
+
+    Pydantic puts union branch names (``str``, ``Space``, ``text``) into the
+    path; those are dropped. A missing key is kept as the last part.
+    """
+    out, node, depth = [], data, 0
+    loc = error["loc"]
+    for i, part in enumerate(loc):
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and part < len(node):
+            node = node[part]
+        elif i == len(loc) - 1 and error["type"] == "missing":
+            out.append(part)
+            break
+        else:
+            continue
+        out.append(part)
+        depth += 1
+    return tuple(out), depth
+
+
+def _fields_at(model: type[BaseModel], loc: tuple) -> list[str]:
+    for part in loc:
+        field = model.model_fields.get(part) if isinstance(part, str) else None
+        sub = _model_of(field.annotation) if field else None
+        if sub is None:
+            return []
+        model = sub
+    return list(model.model_fields)
+
+
+def _model_of(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):
+        found = _model_of(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _quoted(expected: str) -> list[str]:
+    return [part.strip(" '") for part in expected.replace(" or ", ",").split(",") if part.strip(" '")]
