@@ -1,0 +1,67 @@
+"""Causal multi-head self-attention with RoPE (the Transformer++ mixer).
+
+Dimensions: B batch, T time, D model width, H heads, K head dim (D = H*K).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from archsearch.arch.spec import ArchSpec, LayerSpec
+
+
+def rope_tables(seq_len: int, head_dim: int, theta: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables, each [T, K/2], for rotary position embeddings."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
+    angles_TK = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)
+    return angles_TK.cos(), angles_TK.sin()
+
+
+def apply_rope(x_BHTK: torch.Tensor, cos_TK: torch.Tensor, sin_TK: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs (x[..., :K/2], x[..., K/2:]) by position-dependent angles."""
+    half = x_BHTK.shape[-1] // 2
+    x1, x2 = x_BHTK[..., :half].float(), x_BHTK[..., half:].float()
+    out = torch.cat([x1 * cos_TK - x2 * sin_TK, x1 * sin_TK + x2 * cos_TK], dim=-1)
+    return out.type_as(x_BHTK)
+
+
+class Attention(nn.Module):
+    """Causal self-attention: [B, T, D] -> [B, T, D]. No biases."""
+
+    def __init__(self, *, spec: ArchSpec, layer: LayerSpec):
+        super().__init__()
+        d = spec.d_model
+        self.num_heads, self.head_dim, self.theta = spec.num_heads, spec.head_dim, spec.rope_theta
+        self.wqkv = nn.Linear(d, 3 * d, bias=False)
+        self.wo = nn.Linear(d, d, bias=False)
+
+    def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
+        B, T, D = x_BTD.shape
+        qkv = self.wqkv(x_BTD).view(B, T, 3, self.num_heads, self.head_dim)
+        q_BHTK, k_BHTK, v_BHTK = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+        cos_TK, sin_TK = rope_tables(T, self.head_dim, self.theta, x_BTD.device)
+        q_BHTK, k_BHTK = apply_rope(q_BHTK, cos_TK, sin_TK), apply_rope(k_BHTK, cos_TK, sin_TK)
+        # fast path; attention_reference below is the same computation written out
+        y_BHTK = F.scaled_dot_product_attention(q_BHTK, k_BHTK, v_BHTK, is_causal=True)
+        return self.wo(y_BHTK.transpose(1, 2).reshape(B, T, D))
+
+
+def attention_reference(q_BHTK: torch.Tensor, k_BHTK: torch.Tensor, v_BHTK: torch.Tensor) -> torch.Tensor:
+    """Causal softmax attention written out; the spec SDPA must match."""
+    T = q_BHTK.shape[2]
+    scores_BHTT = q_BHTK @ k_BHTK.transpose(-1, -2) / q_BHTK.shape[-1] ** 0.5
+    future_TT = torch.ones(T, T, dtype=torch.bool, device=q_BHTK.device).triu(1)
+    return scores_BHTT.masked_fill(future_TT, float("-inf")).softmax(-1) @ v_BHTK
+
+
+def params(spec: ArchSpec, layer: LayerSpec) -> int:
+    """Q, K, V and output projections: 4 D^2."""
+    return 4 * spec.d_model**2
+
+
+def flops(spec: ArchSpec, layer: LayerSpec, seq_len: int) -> float:
+    """Forward FLOPs per token: projections 2*4D^2, plus QK^T and AV over the
+    causal context (on average T/2 keys): 2 * 2 * (T/2) * D = 2 T D."""
+    return 2 * params(spec, layer) + 2 * seq_len * spec.d_model
