@@ -1,0 +1,125 @@
+"""Run a study's trials on Ray and write every result to the store.
+
+Embedded local Ray by default (``address="local"`` so a stale cluster is never
+joined by accident); a cluster with ``address``. Only the driver touches the
+store: workers return results, so DuckDB sees one writer.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from archsearch.plan import PlannedTrial, plan
+from archsearch.space.schema import Study
+from archsearch.store import Store, open_store
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    study: str
+    planned: int
+    skipped: int  # already completed in the store, not trained again
+    completed: int
+    failed: int
+    wall_time_s: float
+
+
+def run_study(study: Study, *, store: str | Path = "archsearch.duckdb", address: str | None = None,
+              max_parallel: int | None = None, show_progress: bool = True) -> RunSummary:
+    """Plan ``study``, train every trial the store has not finished, record all.
+
+    ``address``: None for embedded local Ray, or a cluster address ("auto",
+    "ray://host:10001"). ``max_parallel`` overrides ``execution.max_parallel``.
+    """
+    start = time.perf_counter()
+    trials = plan(study)
+    origin = study._origin
+    with open_store(store) as db:
+        db.add_study(name=study.name, path=origin.path if origin else "", config=_config(study))
+        db.add_trials(study.name, [t.to_dict() for t in trials])
+        done = db.completed_ids()
+        todo = [t for t in trials if t.trial_id not in done]
+        completed = failed = 0
+        if todo:
+            completed, failed = _run_on_ray(todo, db, study, address=address, max_parallel=max_parallel,
+                                            show_progress=show_progress)
+    return RunSummary(study=study.name, planned=len(trials), skipped=len(trials) - len(todo),
+                      completed=completed, failed=failed, wall_time_s=time.perf_counter() - start)
+
+
+def _trial_task(payload: dict) -> dict:
+    """Runs inside a Ray worker: one trial, returned as a plain dict."""
+    from archsearch.arch.spec import ArchSpec
+    from archsearch.train import train_trial
+
+    result = train_trial(spec=ArchSpec.from_dict(payload["spec"]), recipe=payload["recipe"],
+                         data=payload["data"], seed=payload["seed"], threads=payload["threads"])
+    return result.to_dict()
+
+
+def _run_on_ray(todo: list[PlannedTrial], db: Store, study: Study, *, address: str | None,
+                max_parallel: int | None, show_progress: bool) -> tuple[int, int]:
+    import ray
+
+    execution = study.execution
+    threads = execution.threads_per_trial
+    owns_ray = not ray.is_initialized()
+    if owns_ray:
+        os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+        ray.init(address=address or "local", include_dashboard=False, logging_level="ERROR",
+                 log_to_driver=False, configure_logging=True)
+    try:
+        cpus = int(ray.cluster_resources().get("CPU", 1))
+        width = max_parallel or (execution.max_parallel if execution.max_parallel != "auto" else 0)
+        width = max(1, width or cpus // threads)
+        task = ray.remote(num_cpus=min(threads, cpus), max_retries=execution.retries)(_trial_task)
+        return _drain(todo, db, task, width=width, threads=threads, show_progress=show_progress)
+    finally:
+        if owns_ray:
+            ray.shutdown()
+
+
+def _drain(todo: list[PlannedTrial], db: Store, task: Any, *, width: int, threads: int,
+           show_progress: bool) -> tuple[int, int]:
+    import ray
+
+    from archsearch.execute.progress import TrialProgress
+
+    queue = list(todo)
+    running: dict[Any, PlannedTrial] = {}
+    completed = failed = 0
+    with TrialProgress(total=len(todo), enabled=show_progress) as progress:
+        while queue or running:
+            while queue and len(running) < width:
+                trial = queue.pop(0)
+                db.mark_running(trial.trial_id)
+                payload = dict(spec=trial.spec.to_dict(), recipe=trial.recipe, data=trial.data,
+                               seed=trial.seed, threads=threads)
+                running[task.remote(payload)] = trial
+            progress.update(completed=completed, running=len(running), failed=failed)
+            ready, _ = ray.wait(list(running), num_returns=1, timeout=0.5)
+            for ref in ready:
+                trial = running.pop(ref)
+                try:
+                    db.finish(trial.trial_id, ray.get(ref))
+                    completed += 1
+                except Exception as err:  # a trial's failure is recorded, never fatal to the study
+                    db.fail(trial.trial_id, _one_line(err))
+                    failed += 1
+                    progress.note(f"trial {trial.trial_id} failed: {_one_line(err)}")
+        progress.update(completed=completed, running=0, failed=failed)
+    return completed, failed
+
+
+def _one_line(err: BaseException) -> str:
+    cause = getattr(err, "cause", None) or err
+    text = f"{type(cause).__name__}: {cause}".strip().splitlines()
+    return text[-1] if text else type(cause).__name__
+
+
+def _config(study: Study) -> dict:
+    return study.model_dump(mode="json")

@@ -1,0 +1,181 @@
+"""The results store: studies, trials and per-evaluation metrics in DuckDB.
+
+One row per trial, keyed by the trial id (a hash of spec, recipe, data and
+seed), so a trial finished by any study is never trained again. A study links
+to its trials through ``study_trials``. Reads come back as Arrow tables.
+Torch-free.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from datetime import datetime, timezone
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from archsearch.errors import StoreError
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS studies (
+    name VARCHAR PRIMARY KEY, path VARCHAR, config JSON, code_version VARCHAR,
+    created_at TIMESTAMPTZ, updated_at TIMESTAMPTZ);
+CREATE TABLE IF NOT EXISTS trials (
+    trial_id VARCHAR PRIMARY KEY, family VARCHAR, axes JSON, seed INTEGER,
+    match VARCHAR, target DOUBLE, params BIGINT, total_params BIGINT,
+    flops_per_token DOUBLE, match_error DOUBLE, d_model INTEGER, num_layers INTEGER,
+    spec JSON, recipe JSON, data JSON,
+    status VARCHAR, attempts INTEGER DEFAULT 0, error VARCHAR,
+    train_loss DOUBLE, val_loss DOUBLE, steps BIGINT, tokens BIGINT,
+    wall_time_s DOUBLE, tokens_per_s DOUBLE,
+    code_version VARCHAR, created_at TIMESTAMPTZ, finished_at TIMESTAMPTZ);
+CREATE TABLE IF NOT EXISTS study_trials (
+    study VARCHAR, trial_id VARCHAR, PRIMARY KEY (study, trial_id));
+CREATE TABLE IF NOT EXISTS metrics (
+    trial_id VARCHAR, step BIGINT, tokens BIGINT, train_loss DOUBLE, val_loss DOUBLE, lr DOUBLE,
+    PRIMARY KEY (trial_id, step));
+"""
+
+
+@lru_cache(maxsize=1)
+def code_version() -> str:
+    """Package version plus the git commit (and '+dirty') when run from a checkout."""
+    from archsearch import __version__
+
+    root = Path(__file__).resolve().parents[2]
+    try:
+        sha = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, timeout=5).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return __version__
+    return f"{__version__}+{sha}{'.dirty' if dirty else ''}" if sha else __version__
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class Store:
+    """A DuckDB file of results. Open with ``open_store(path)``."""
+
+    def __init__(self, path: str | Path, *, read_only: bool = False):
+        self.path = str(path)
+        try:
+            self.db = duckdb.connect(self.path, read_only=read_only)
+        except duckdb.IOException as err:
+            raise StoreError(f"cannot open store {self.path}: {str(err).splitlines()[0]}") from None
+        if not read_only:
+            self.db.execute(SCHEMA)
+
+    def close(self) -> None:
+        self.db.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # writing
+
+    def add_study(self, *, name: str, path: str, config: dict) -> None:
+        now = _now()
+        self.db.execute(
+            "INSERT INTO studies VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET "
+            "path = excluded.path, config = excluded.config, code_version = excluded.code_version, "
+            "updated_at = excluded.updated_at",
+            [name, path, json.dumps(config), code_version(), now, now])
+
+    def add_trials(self, study: str, trials: list[dict]) -> None:
+        """Register planned trials (``PlannedTrial.to_dict()`` rows); keeps finished ones as they are."""
+        now = _now()
+        rows = [[t["trial_id"], t["spec"]["family"], json.dumps(t["axes"]), t["seed"], t["match"], t["target"],
+                 t["params"], t["total_params"], t["flops_per_token"], t["match_error"], t["d_model"],
+                 t["num_layers"], json.dumps(t["spec"]), json.dumps(t["recipe"]), json.dumps(t["data"]),
+                 "planned", code_version(), now] for t in trials]
+        if rows:
+            self.db.executemany(
+                "INSERT INTO trials (trial_id, family, axes, seed, match, target, params, total_params, "
+                "flops_per_token, match_error, d_model, num_layers, spec, recipe, data, status, code_version, "
+                "created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (trial_id) DO NOTHING", rows)
+            self.db.executemany("INSERT INTO study_trials VALUES (?, ?) ON CONFLICT DO NOTHING",
+                                [[study, t["trial_id"]] for t in trials])
+
+    def mark_running(self, trial_id: str) -> None:
+        self.db.execute("UPDATE trials SET status = 'running', attempts = attempts + 1 WHERE trial_id = ?",
+                        [trial_id])
+
+    def finish(self, trial_id: str, result: dict) -> None:
+        """Record a completed trial and its evaluation curve."""
+        self.db.execute(
+            "UPDATE trials SET status = 'completed', error = NULL, train_loss = ?, val_loss = ?, steps = ?, "
+            "tokens = ?, wall_time_s = ?, tokens_per_s = ?, code_version = ?, finished_at = ? WHERE trial_id = ?",
+            [result["train_loss"], result["val_loss"], result["steps"], result["tokens"], result["wall_time_s"],
+             result["tokens_per_s"], code_version(), _now(), trial_id])
+        self.db.execute("DELETE FROM metrics WHERE trial_id = ?", [trial_id])
+        if result["curve"]:
+            self.db.executemany("INSERT INTO metrics VALUES (?, ?, ?, ?, ?, ?)",
+                                [[trial_id, r["step"], r["tokens"], r["train_loss"], r["val_loss"], r["lr"]]
+                                 for r in result["curve"]])
+
+    def fail(self, trial_id: str, error: str) -> None:
+        self.db.execute("UPDATE trials SET status = 'failed', error = ?, finished_at = ? WHERE trial_id = ?",
+                        [error, _now(), trial_id])
+
+    # reading
+
+    def completed_ids(self) -> set[str]:
+        return {row[0] for row in self.db.execute(
+            "SELECT trial_id FROM trials WHERE status = 'completed'").fetchall()}
+
+    def studies(self) -> pa.Table:
+        return self.sql("SELECT s.name, s.path, s.updated_at, count(t.trial_id) AS trials, "
+                        "count(*) FILTER (WHERE t.status = 'completed') AS completed, "
+                        "count(*) FILTER (WHERE t.status = 'failed') AS failed "
+                        "FROM studies s LEFT JOIN study_trials st ON st.study = s.name "
+                        "LEFT JOIN trials t ON t.trial_id = st.trial_id GROUP BY ALL ORDER BY s.name")
+
+    def trials(self, study: str | None = None) -> pa.Table:
+        """Trials as an Arrow table, for one study or all."""
+        if study is None:
+            return self.sql("SELECT * FROM trials ORDER BY created_at, trial_id")
+        return self.sql("SELECT t.* FROM trials t JOIN study_trials st USING (trial_id) "
+                        "WHERE st.study = ? ORDER BY t.created_at, t.trial_id", [study])
+
+    def metrics(self, study: str | None = None) -> pa.Table:
+        """Per-evaluation rows (trial_id, step, tokens, losses, lr)."""
+        if study is None:
+            return self.sql("SELECT * FROM metrics ORDER BY trial_id, step")
+        return self.sql("SELECT m.* FROM metrics m JOIN study_trials st USING (trial_id) "
+                        "WHERE st.study = ? ORDER BY m.trial_id, m.step", [study])
+
+    def sql(self, query: str, params: list | None = None) -> pa.Table:
+        """Run any SQL over the store; the result as an Arrow table."""
+        return self.db.sql(query, params=params or None).to_arrow_table()
+
+    def export_parquet(self, folder: str | Path) -> list[Path]:
+        """Write every table as ``folder/<table>.parquet``."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        out = []
+        for table in ("studies", "trials", "study_trials", "metrics"):
+            path = folder / f"{table}.parquet"
+            quoted = path.as_posix().replace("'", "''")
+            self.db.execute(f"COPY {table} TO '{quoted}' (FORMAT parquet)")
+            out.append(path)
+        return out
+
+
+def open_store(path: str | Path = "archsearch.duckdb", *, read_only: bool = False,
+               must_exist: bool = False) -> Store:
+    """Open (or create) the store at ``path``."""
+    if (read_only or must_exist) and not Path(path).exists():
+        raise StoreError(f"no store at {path}; run a study first (archsearch run STUDY) or pass --store PATH")
+    return Store(path, read_only=read_only)

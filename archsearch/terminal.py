@@ -1,0 +1,110 @@
+"""What the command line prints: rich tables of plans, fronts and stores."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+# Piped output keeps whole rows instead of squeezing tables to 80 columns.
+console = Console(width=None if sys.stdout.isatty() else 240)
+
+
+def plan_table(trials: list, *, layers: bool = False) -> None:
+    """One row per planned trial: axes, widths, params, FLOPs, match error."""
+    axes = list(trials[0].axes) if trials else []
+    table = Table(title=f"{len(trials)} planned trials", header_style="bold")
+    for name in ["trial", *axes, "seed", "target", "params", "error", "d_model", "MLP widths", "FLOPs/token"]:
+        table.add_column(name, justify="right")
+    for t in trials:
+        widths = ",".join(str(w) for w in t.spec.mlp_widths)
+        table.add_row(t.trial_id, *(str(t.axes[a]) for a in axes), str(t.seed), f"{t.target:,.0f}",
+                      f"{t.params:,}", f"{t.match_error:+.2%}", str(t.spec.d_model), widths,
+                      f"{t.flops_per_token:.3g}")
+    console.print(table)
+    if layers:
+        for t in trials:
+            layer_table(t)
+
+
+def layer_table(trial) -> None:
+    """The per-layer plan of one trial."""
+    from archsearch.arch import registry
+
+    spec = trial.spec
+    table = Table(title=f"trial {trial.trial_id}: d_model={spec.d_model}, heads={spec.num_heads}",
+                  header_style="bold")
+    for name in ("layer", "mixer", "mlp", "MLP width", "params"):
+        table.add_column(name, justify="right")
+    for i, layer in enumerate(spec.layers):
+        params = (registry.mixer(layer.mixer).params(spec, layer) + registry.mlp(layer.mlp).params(spec, layer)
+                  + 2 * spec.d_model)
+        table.add_row(str(i), layer.mixer, layer.mlp, str(layer.mlp_width), f"{params:,}")
+    console.print(table)
+
+
+def front_table(front: list[dict], columns: list[str]) -> None:
+    table = Table(title=f"Pareto front ({', '.join(columns)})", header_style="bold")
+    for name in ["trial", "axes", *columns]:
+        table.add_column(name, justify="right")
+    for row in front:
+        axes = ", ".join(f"{k}={v}" for k, v in row["axes"].items())
+        table.add_row(row["trial_id"], axes, *(_fmt(row[c]) for c in columns))
+    console.print(table)
+
+
+def run_summary(summary, *, store: Path, report: Path) -> None:
+    """After a run: counts, the best trial, the front, and the report path."""
+    import archsearch as A
+    from archsearch.analysis import pareto_front
+    from archsearch_dashboards.report import DEFAULT_OBJECTIVES, completed_rows, write_report
+
+    console.print(f"[bold]{summary.study}[/]: {summary.planned} trials planned, {summary.skipped} already done, "
+                  f"{summary.completed} trained, {summary.failed} failed in {summary.wall_time_s:.0f}s")
+    with A.open_store(store, read_only=True) as db:
+        rows = completed_rows(db, summary.study)
+        if not rows:
+            console.print("[red]no completed trials; see `archsearch status` for the errors")
+            return
+        best = min(rows, key=lambda r: r["val_loss"])
+        axes = ", ".join(f"{k}={v}" for k, v in best["axes"].items())
+        console.print(f"best trial {best['trial_id']}: val_loss {best['val_loss']:.4f} at "
+                      f"{best['params']:,} non-embedding params ({axes})")
+        front_table(pareto_front(rows, DEFAULT_OBJECTIVES), ["val_loss", "params"])
+        path = write_report(db, report, study=summary.study)
+    console.print(f"report: {path}")
+
+
+def status_tables(db, *, study: str | None, as_json: bool) -> None:
+    studies = db.studies().to_pylist()
+    trials = db.trials(study).to_pylist()
+    if as_json:
+        print(json.dumps({"studies": studies, "trials": trials}, indent=2, default=str))
+        return
+    table = Table(title=f"studies in {db.path}", header_style="bold")
+    for name in ("study", "trials", "completed", "failed", "updated"):
+        table.add_column(name, justify="right")
+    for s in studies:
+        table.add_row(s["name"], str(s["trials"]), str(s["completed"]), str(s["failed"]), str(s["updated_at"])[:19])
+    console.print(table)
+    table = Table(title="trials", header_style="bold")
+    for name in ("trial", "axes", "params", "status", "val_loss", "tokens/s", "error"):
+        table.add_column(name, justify="right")
+    for t in trials:
+        axes = ", ".join(f"{k}={v}" for k, v in json.loads(t["axes"]).items())
+        table.add_row(t["trial_id"], axes, f"{t['params']:,}", t["status"], _fmt(t["val_loss"]),
+                      _fmt(t["tokens_per_s"]), (t["error"] or "")[:60])
+    console.print(table)
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)

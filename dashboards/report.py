@@ -1,0 +1,80 @@
+"""A self-contained HTML report of a study: opens offline, no server.
+
+plotly.js is inlined once; every figure is interactive (zoom, hover, toggle).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+
+import plotly.io as pio
+
+from archsearch.analysis import pareto_front
+from archsearch.store import Store
+from archsearch_dashboards.figures import curves_figure, pareto_figure, scaling_figure, varying_axes
+
+DEFAULT_OBJECTIVES = [("val_loss", "min"), ("params", "min")]
+
+
+def completed_rows(store: Store, study: str | None) -> list[dict]:
+    """Completed trials of ``study`` (or all), with ``axes`` decoded."""
+    rows = [r for r in store.trials(study).to_pylist() if r["status"] == "completed"]
+    for row in rows:
+        row["axes"] = json.loads(row["axes"])
+    return rows
+
+
+def write_report(store: Store, path: str | Path, *, study: str | None = None) -> Path:
+    """Write the report of ``study`` (all studies if None) to ``path``; returns it."""
+    rows = completed_rows(store, study)
+    if not rows:
+        raise ValueError(f"no completed trials{f' in study {study}' if study else ''} to report")
+    metrics = store.metrics(study).to_pylist()
+    figures = [scaling_figure(rows), pareto_figure(rows, objectives=DEFAULT_OBJECTIVES),
+               curves_figure(rows, metrics)]
+    parts = [pio.to_html(fig, full_html=False, include_plotlyjs=(i == 0), default_height="520px")
+             for i, fig in enumerate(figures)]
+    title = f"archsearch report: {study or 'all studies'}"
+    page = _PAGE.format(title=html.escape(title), when=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                        count=len(rows), figures="\n".join(f"<section>{p}</section>" for p in parts),
+                        table=_table(rows))
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(page, encoding="utf-8")
+    return path
+
+
+def _table(rows: list[dict]) -> str:
+    axes = varying_axes(rows) or list(rows[0]["axes"])
+    front = {r["trial_id"] for r in pareto_front(rows, DEFAULT_OBJECTIVES)}
+    head = ["trial", *axes, "params", "match error", "d_model", "MLP widths", "val loss", "tokens/s", "front"]
+    lines = ["<tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>"]
+    for r in sorted(rows, key=lambda r: r["val_loss"]):
+        widths = [layer["mlp_width"] for layer in json.loads(r["spec"])["layers"]]
+        cells = [r["trial_id"], *(r["axes"].get(a) for a in axes), f"{r['params']:,}",
+                 f"{r['match_error']:+.2%}", r["d_model"], widths, f"{r['val_loss']:.4f}",
+                 f"{r['tokens_per_s']:,.0f}", "yes" if r["trial_id"] in front else ""]
+        lines.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
+    return "<table>" + "\n".join(lines) + "</table>"
+
+
+_PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>{title}</title>
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 1100px; color: #222; }}
+table {{ border-collapse: collapse; font-size: 0.85rem; margin-top: 1rem; }}
+th, td {{ border-bottom: 1px solid #ddd; padding: 4px 8px; text-align: right; }}
+th {{ background: #f4f4f4; }}
+section {{ margin: 1.5rem 0; }}
+</style></head>
+<body>
+<h1>{title}</h1>
+<p>{count} completed trials. Generated {when}.</p>
+{figures}
+<h2>Trials (best first)</h2>
+{table}
+</body></html>
+"""
