@@ -16,8 +16,8 @@ _EXPORTS = {
     "ArchsearchError": "archsearch.errors",
     "load_study": "archsearch.space",
     "load_space": "archsearch.space",
-    "plan": "archsearch.plan",
-    "PlannedTrial": "archsearch.plan",
+    "plan": "archsearch.planner",
+    "PlannedTrial": "archsearch.planner",
     "ArchSpec": "archsearch.arch.spec",
     "LayerSpec": "archsearch.arch.spec",
     "build_model": "archsearch.arch.model",
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from archsearch.budget import count_params, flops_per_token
     from archsearch.errors import ArchsearchError, SpecError
     from archsearch.execute import run_study
-    from archsearch.plan import PlannedTrial, plan
+    from archsearch.planner import PlannedTrial, plan
     from archsearch.space import load_space, load_study
     from archsearch.store import open_store
     from archsearch.train import train_trial

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from archsearch.plan import PlannedTrial, plan
+from archsearch.planner import PlannedTrial, plan
 from archsearch.space.schema import Study
 from archsearch.store import Store, open_store
 

@@ -1,0 +1,62 @@
+"""Shared fixtures: tiny studies on text the tests write themselves."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+TINY_SPACE = """\
+name: tiny
+family: transformer
+axes:
+  num_layers: 2
+  taper:
+    shape: [uniform, cosine, reverse]
+    ratio: 3.0
+model:
+  head_dim: 8
+"""
+
+
+def tiny_study_text(*, corpus: Path, targets: str = "[6000]", steps: int = 12) -> str:
+    return textwrap.dedent(f"""\
+        name: tiny
+        space: space.yaml
+        budget:
+          targets: {targets}
+        data:
+          kind: text
+          paths: [{corpus}]
+          seq_len: 16
+        recipe:
+          steps: {steps}
+          batch_size: 4
+          warmup_steps: 2
+          eval_every: 6
+          eval_batches: 2
+        execution:
+          max_parallel: 2
+        """)
+
+
+@pytest.fixture
+def corpus(tmp_path: Path) -> Path:
+    """A folder of small text documents."""
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    words = "the quick brown fox jumps over the lazy dog while a small model learns to count".split()
+    for i in range(12):
+        body = " ".join(words[(i + j) % len(words)] for j in range(400))
+        (folder / f"doc{i:02d}.txt").write_text(body + "\n")
+    return folder
+
+
+@pytest.fixture
+def tiny_study(tmp_path: Path, corpus: Path) -> Path:
+    """A 3-trial study (3 taper shapes x 1 target) on the test corpus."""
+    (tmp_path / "space.yaml").write_text(TINY_SPACE)
+    path = tmp_path / "study.yaml"
+    path.write_text(tiny_study_text(corpus=corpus))
+    return path

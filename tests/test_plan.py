@@ -1,0 +1,84 @@
+"""Planning: every trial hits its target, builds no module, and has a stable id."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import archsearch as A
+from archsearch.budget import count_params
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_quickstart_trials_hit_their_targets_within_one_percent():
+    study = A.load_study(ROOT / "studies" / "quickstart.yaml")
+    trials = A.plan(study)
+    assert len(trials) == 4 * 3  # four shapes x three targets
+    for trial in trials:
+        assert abs(trial.match_error) <= 0.01
+        assert trial.params == count_params(trial.spec)
+        assert trial.match_error == pytest.approx(trial.params / trial.target - 1)
+
+
+def test_taper_shapes_of_one_target_share_the_budget():
+    trials = A.plan(A.load_study(ROOT / "studies" / "quickstart.yaml"))
+    by_target: dict[float, set[int]] = {}
+    for trial in trials:
+        by_target.setdefault(trial.target, set()).add(trial.params)
+    assert all(len(params) == 1 for params in by_target.values())
+
+
+@pytest.mark.parametrize("target", [2e4, 7.7e4, 3.3e5, 1.2e6, 5e6])
+def test_solver_hits_a_ladder_of_targets(tmp_path, corpus, target):
+    from tests.conftest import TINY_SPACE, tiny_study_text
+
+    (tmp_path / "space.yaml").write_text(TINY_SPACE.replace("num_layers: 2", "num_layers: 6"))
+    path = tmp_path / "study.yaml"
+    path.write_text(tiny_study_text(corpus=corpus, targets=f"[{target}]"))
+    for trial in A.plan(A.load_study(path)):
+        assert abs(trial.match_error) <= 0.01, trial.to_dict()
+
+
+def test_plan_builds_no_torch_module(tiny_study, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("plan built a torch module")
+
+    monkeypatch.setattr(torch.nn.Module, "__init__", refuse)
+    assert len(A.plan(A.load_study(tiny_study))) == 3
+
+
+def test_trial_ids_are_stable_and_depend_on_seed(tiny_study):
+    first = [t.trial_id for t in A.plan(A.load_study(tiny_study))]
+    assert first == [t.trial_id for t in A.plan(A.load_study(tiny_study))]
+    text = tiny_study.read_text() + "seeds: [1]\n"
+    tiny_study.write_text(text)
+    assert set(first).isdisjoint(t.trial_id for t in A.plan(A.load_study(tiny_study)))
+
+
+def test_plan_json_lists_what_the_contract_promises(tiny_study):
+    from typer.testing import CliRunner
+
+    from archsearch.cli import app
+
+    result = CliRunner().invoke(app, ["plan", str(tiny_study), "--json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.output)
+    assert len(rows) == 3
+    for row in rows:
+        assert {"trial_id", "axes", "params", "flops_per_token", "target", "match_error"} <= set(row)
+        assert row["axes"]["taper.shape"] in ("uniform", "cosine", "reverse")
+        assert row["flops_per_token"] > 6 * row["params"]
+
+
+def test_uniform_points_collapse_over_ratio(tmp_path, corpus):
+    from tests.conftest import TINY_SPACE, tiny_study_text
+
+    (tmp_path / "space.yaml").write_text(TINY_SPACE.replace("ratio: 3.0", "ratio: [2.0, 3.0]"))
+    path = tmp_path / "study.yaml"
+    path.write_text(tiny_study_text(corpus=corpus))
+    shapes = [t.axes["taper.shape"] for t in A.plan(A.load_study(path))]
+    assert shapes.count("uniform") == 1 and shapes.count("cosine") == 2
