@@ -1,0 +1,53 @@
+"""The DuckDB store: register, finish, fail, read back as Arrow, export Parquet."""
+
+from __future__ import annotations
+
+import pyarrow.parquet as pq
+import pytest
+
+import archsearch as A
+from archsearch.errors import StoreError
+
+
+def trial_row(trial_id: str) -> dict:
+    spec = {"family": "transformer", "layers": []}
+    return dict(trial_id=trial_id, spec=spec, axes={"taper.shape": "cosine"}, seed=0, match="params",
+                target=1000.0, params=1004, total_params=2000, flops_per_token=1e4, match_error=0.004,
+                d_model=16, num_layers=2, recipe={"steps": 1}, data={"kind": "text"})
+
+
+RESULT = dict(train_loss=2.0, val_loss=2.5, steps=10, tokens=640, wall_time_s=1.0, tokens_per_s=640.0,
+              curve=[dict(step=5, tokens=320, train_loss=3.0, val_loss=3.1, lr=1e-3),
+                     dict(step=10, tokens=640, train_loss=2.0, val_loss=2.5, lr=1e-4)])
+
+
+def test_round_trip(tmp_path):
+    with A.open_store(tmp_path / "s.duckdb") as store:
+        store.add_study(name="s", path="s.yaml", config={"name": "s"})
+        store.add_trials("s", [trial_row("a"), trial_row("b")])
+        store.finish("a", RESULT)
+        store.fail("b", "ValueError: boom")
+        assert store.completed_ids() == {"a"}
+        rows = {r["trial_id"]: r for r in store.trials("s").to_pylist()}
+        assert rows["a"]["status"] == "completed" and rows["a"]["val_loss"] == 2.5
+        assert rows["b"]["status"] == "failed" and "boom" in rows["b"]["error"]
+        assert rows["a"]["code_version"].startswith(A.__version__)
+        assert store.metrics("s").num_rows == 2
+        assert store.studies().to_pylist()[0]["completed"] == 1
+        files = store.export_parquet(tmp_path / "pq")
+    assert pq.read_table(tmp_path / "pq" / "trials.parquet").num_rows == 2
+    assert len(files) == 4
+
+
+def test_registering_again_keeps_finished_results(tmp_path):
+    with A.open_store(tmp_path / "s.duckdb") as store:
+        store.add_study(name="s", path="s.yaml", config={})
+        store.add_trials("s", [trial_row("a")])
+        store.finish("a", RESULT)
+        store.add_trials("s", [trial_row("a")])
+        assert store.trials("s").to_pylist()[0]["status"] == "completed"
+
+
+def test_reading_a_missing_store_says_how_to_fix(tmp_path):
+    with pytest.raises(StoreError, match="run a study first"):
+        A.open_store(tmp_path / "none.duckdb", read_only=True)
