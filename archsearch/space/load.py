@@ -53,9 +53,24 @@ def load_study(path: str | Path) -> Study:
         space = study.space
         space._origin = Origin(study._origin.path, _sublines(study._origin.lines, ("space",)))
     origin = study._origin
-    study = study.model_copy(update={"space": space})
+    update = {"space": space}
+    if study.data.kind == "text" and study.data.paths:
+        update["data"] = study.data.model_copy(update={"paths": _resolve_paths(study.data.paths, origin)})
+    study = study.model_copy(update=update)
     study._origin = origin
     return study
+
+
+def _resolve_paths(paths: list[str], origin: Origin) -> list[str]:
+    """Data paths are relative to the study file; each must exist."""
+    out = []
+    for index, raw in enumerate(paths):
+        path = (Path(origin.path).parent / Path(raw).expanduser()).resolve()
+        if not path.exists():
+            raise origin.error(f"'{raw}' does not exist (looked at {path})", loc=("data", "paths", index),
+                               hint="paths are relative to the study file")
+        out.append(str(path))
+    return out
 
 
 def load_space(path: str | Path) -> Space:
