@@ -32,7 +32,7 @@ def plan_table(trials: list, *, layers: bool = False) -> None:
 
 def layer_table(trial) -> None:
     """The per-layer plan of one trial."""
-    from archsearch.arch import registry
+    from archsearch.arch.structures.stack import layer_params
 
     spec = trial.spec
     table = Table(title=f"trial {trial.trial_id}: d_model={spec.d_model}, heads={spec.num_heads}",
@@ -40,8 +40,7 @@ def layer_table(trial) -> None:
     for name in ("layer", "mixer", "mlp", "MLP width", "params"):
         table.add_column(name, justify="right")
     for i, layer in enumerate(spec.layers):
-        params = (registry.mixer(layer.mixer).params(spec, layer) + registry.mlp(layer.mlp).params(spec, layer)
-                  + 2 * spec.d_model)
+        params = layer_params(spec, layer)
         table.add_row(str(i), layer.mixer, layer.mlp, str(layer.mlp_width), f"{params:,}")
     console.print(table)
 

@@ -16,9 +16,9 @@ def trial_row(trial_id: str) -> dict:
                 d_model=16, num_layers=2, recipe={"steps": 1}, data={"kind": "text"})
 
 
-RESULT = dict(train_loss=2.0, val_loss=2.5, steps=10, tokens=640, wall_time_s=1.0, tokens_per_s=640.0,
-              curve=[dict(step=5, tokens=320, train_loss=3.0, val_loss=3.1, lr=1e-3),
-                     dict(step=10, tokens=640, train_loss=2.0, val_loss=2.5, lr=1e-4)])
+RESULT = dict(train_loss=2.0, val_loss=2.5, val_accuracy=0.25, steps=10, tokens=640, wall_time_s=1.0, tokens_per_s=640.0,
+              curve=[dict(step=5, tokens=320, train_loss=3.0, val_loss=3.1, val_accuracy=0.1, lr=1e-3),
+                     dict(step=10, tokens=640, train_loss=2.0, val_loss=2.5, val_accuracy=0.25, lr=1e-4)])
 
 
 def test_round_trip(tmp_path):

@@ -1,8 +1,9 @@
-"""The one block registry: every mixer and MLP a layer can name.
+"""The one registry: sublayer blocks (in ``blocks``) and model structures.
 
-Each entry carries the module and, beside it, its exact parameter count and
-its analytic forward FLOPs per token, so ``budget`` can count a model without
-building it. Adding a family is one module in ``blocks/`` and one line here.
+A structure wires per-layer blocks into a whole model (a plain stack, a looped
+group, a memory between halves, a recurrent hierarchy) and carries its exact
+non-embedding parameter count and its forward FLOPs per token beside it.
+Adding a structure is one module in ``structures/`` and one line here.
 """
 
 from __future__ import annotations
@@ -10,35 +11,30 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from archsearch.arch.blocks import attention, swiglu
-from archsearch.arch.spec import ArchSpec, LayerSpec
+from archsearch.arch.blocks import MIXERS, MLPS, Block, mixer, mlp
+from archsearch.arch.spec import ArchSpec
+from archsearch.arch.structures import stack
 
 
 @dataclass(frozen=True)
-class Block:
-    """A registered sublayer: module class plus its counting formulas."""
+class Structure:
+    """A registered model structure: module class plus its counting formulas."""
 
     module: type
-    params: Callable[[ArchSpec, LayerSpec], int]
-    flops: Callable[[ArchSpec, LayerSpec, int], float]
+    params: Callable[[ArchSpec], int]  # non-embedding
+    flops: Callable[[ArchSpec, int], float]  # forward per token at seq_len, LM head excluded
+    mixing: Callable[[ArchSpec, int], float]  # the part of flops that is not weight matmuls
 
 
-MIXERS: dict[str, Block] = {
-    "attention": Block(attention.Attention, attention.params, attention.flops),
-}
-
-MLPS: dict[str, Block] = {
-    "swiglu": Block(swiglu.SwiGLU, swiglu.params, swiglu.flops),
+STRUCTURES: dict[str, Structure] = {
+    "stack": Structure(stack.Stack, stack.params, stack.flops, stack.mixing),
 }
 
 
-def mixer(name: str) -> Block:
-    if name not in MIXERS:
-        raise KeyError(f"unknown mixer {name!r}; registered: {sorted(MIXERS)}")
-    return MIXERS[name]
+def structure(name: str) -> Structure:
+    if name not in STRUCTURES:
+        raise KeyError(f"unknown structure {name!r}; registered: {sorted(STRUCTURES)}")
+    return STRUCTURES[name]
 
 
-def mlp(name: str) -> Block:
-    if name not in MLPS:
-        raise KeyError(f"unknown MLP {name!r}; registered: {sorted(MLPS)}")
-    return MLPS[name]
+__all__ = ["MIXERS", "MLPS", "STRUCTURES", "Block", "Structure", "mixer", "mlp", "structure"]

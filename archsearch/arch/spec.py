@@ -1,22 +1,31 @@
 """ArchSpec: the frozen, per-layer description every model is built from.
 
-A model is a tuple of per-layer specs; each names its mixer and MLP from the
-block registry. Specs round-trip through ``to_dict``/``from_dict`` so the
-resolved architecture is stored beside every result. Torch-free.
+A model is a *structure* (how layers are wired: a plain stack, a looped group,
+a memory between halves, a recurrent hierarchy) over a tuple of per-layer
+specs, each naming its mixer and MLP from the block registry. ``options`` hold
+what a structure or block needs beyond the shared fields (loop count, state
+size, gate kind), as plain JSON values. Specs round-trip through
+``to_dict``/``from_dict`` so the resolved architecture is stored beside every
+result. Torch-free.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True, kw_only=True)
 class LayerSpec:
-    """One residual layer: ``x + mixer(norm(x))`` then ``x + mlp(norm(x))``."""
+    """One residual layer: ``x + mixer(norm(x))`` then ``x + mlp(norm(x))``.
+
+    ``mlp="none"`` (with ``mlp_width=0``) leaves the MLP out, as Mamba blocks do.
+    """
 
     mixer: str = "attention"
     mlp: str = "swiglu"
-    mlp_width: int
+    mlp_width: int = 0
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -24,7 +33,8 @@ class ArchSpec:
     """A whole language model.
 
     ``d_model = num_heads * head_dim``; the LM head is tied to the embedding
-    unless ``tie_embeddings`` is False.
+    unless ``tie_embeddings`` is False. ``structure`` names the registry entry
+    that wires the layers; ``options`` are that structure's settings.
     """
 
     family: str
@@ -32,6 +42,8 @@ class ArchSpec:
     d_model: int
     num_heads: int
     layers: tuple[LayerSpec, ...]
+    structure: str = "stack"
+    options: dict[str, Any] = field(default_factory=dict)
     tie_embeddings: bool = True
     rope_theta: float = 10_000.0
     norm_eps: float = 1e-6

@@ -30,13 +30,14 @@ CREATE TABLE IF NOT EXISTS trials (
     flops_per_token DOUBLE, match_error DOUBLE, d_model INTEGER, num_layers INTEGER,
     spec JSON, recipe JSON, data JSON,
     status VARCHAR, attempts INTEGER DEFAULT 0, error VARCHAR,
-    train_loss DOUBLE, val_loss DOUBLE, steps BIGINT, tokens BIGINT,
+    train_loss DOUBLE, val_loss DOUBLE, val_accuracy DOUBLE, steps BIGINT, tokens BIGINT,
     wall_time_s DOUBLE, tokens_per_s DOUBLE,
     code_version VARCHAR, created_at TIMESTAMPTZ, finished_at TIMESTAMPTZ);
 CREATE TABLE IF NOT EXISTS study_trials (
     study VARCHAR, trial_id VARCHAR, PRIMARY KEY (study, trial_id));
 CREATE TABLE IF NOT EXISTS metrics (
-    trial_id VARCHAR, step BIGINT, tokens BIGINT, train_loss DOUBLE, val_loss DOUBLE, lr DOUBLE,
+    trial_id VARCHAR, step BIGINT, tokens BIGINT, train_loss DOUBLE, val_loss DOUBLE, val_accuracy DOUBLE,
+    lr DOUBLE,
     PRIMARY KEY (trial_id, step));
 """
 
@@ -115,14 +116,17 @@ class Store:
     def finish(self, trial_id: str, result: dict) -> None:
         """Record a completed trial and its evaluation curve."""
         self.db.execute(
-            "UPDATE trials SET status = 'completed', error = NULL, train_loss = ?, val_loss = ?, steps = ?, "
-            "tokens = ?, wall_time_s = ?, tokens_per_s = ?, code_version = ?, finished_at = ? WHERE trial_id = ?",
-            [result["train_loss"], result["val_loss"], result["steps"], result["tokens"], result["wall_time_s"],
+            "UPDATE trials SET status = 'completed', error = NULL, train_loss = ?, val_loss = ?, val_accuracy = ?, "
+            "steps = ?, tokens = ?, wall_time_s = ?, tokens_per_s = ?, code_version = ?, finished_at = ? "
+            "WHERE trial_id = ?",
+            [result["train_loss"], result["val_loss"], result["val_accuracy"], result["steps"], result["tokens"],
+             result["wall_time_s"],
              result["tokens_per_s"], code_version(), _now(), trial_id])
         self.db.execute("DELETE FROM metrics WHERE trial_id = ?", [trial_id])
         if result["curve"]:
-            self.db.executemany("INSERT INTO metrics VALUES (?, ?, ?, ?, ?, ?)",
-                                [[trial_id, r["step"], r["tokens"], r["train_loss"], r["val_loss"], r["lr"]]
+            self.db.executemany("INSERT INTO metrics VALUES (?, ?, ?, ?, ?, ?, ?)",
+                                [[trial_id, r["step"], r["tokens"], r["train_loss"], r["val_loss"],
+                                  r["val_accuracy"], r["lr"]]
                                  for r in result["curve"]])
 
     def fail(self, trial_id: str, error: str) -> None:

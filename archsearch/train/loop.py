@@ -25,6 +25,7 @@ class TrialResult:
 
     train_loss: float
     val_loss: float
+    val_accuracy: float  # argmax = target on supervised positions (next byte, or a task's answers)
     steps: int
     tokens: int
     wall_time_s: float
@@ -68,7 +69,7 @@ def train_trial(*, spec: ArchSpec, recipe: dict, data: dict | Source, seed: int,
         for group in optimizer.param_groups:
             group["lr"] = lr
         batch = source.batch(split="train", batch_size=batch_size, generator=train_stream)
-        loss = _loss(model(batch.inputs), batch.targets)
+        loss = training_loss(model, batch)
         if not torch.isfinite(loss):
             raise FloatingPointError(f"training loss became {loss.item()} at step {step}; lower the lr")
         optimizer.zero_grad(set_to_none=True)
@@ -78,29 +79,44 @@ def train_trial(*, spec: ArchSpec, recipe: dict, data: dict | Source, seed: int,
         tokens += batch.inputs.numel()
         recent = (recent + [loss.item()])[-10:]
         if (step + 1) % recipe["eval_every"] == 0 or step + 1 == steps:
-            row = dict(step=step + 1, tokens=tokens, train_loss=sum(recent) / len(recent),
-                       val_loss=evaluate(model, source, recipe, seed=seed), lr=lr)
+            val_loss, val_accuracy = evaluate(model, source, recipe, seed=seed)
+            row = dict(step=step + 1, tokens=tokens, train_loss=sum(recent) / len(recent), val_loss=val_loss,
+                       val_accuracy=val_accuracy, lr=lr)
             curve.append(row)
             if on_eval is not None:
                 on_eval(row)
     wall = time.perf_counter() - start
     last = curve[-1]
-    return TrialResult(train_loss=last["train_loss"], val_loss=last["val_loss"], steps=steps, tokens=tokens,
+    return TrialResult(train_loss=last["train_loss"], val_loss=last["val_loss"], val_accuracy=last["val_accuracy"],
+                       steps=steps, tokens=tokens,
                        wall_time_s=wall, tokens_per_s=tokens / wall, curve=curve)
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, source: Source, recipe: dict, *, seed: int) -> float:
-    """Mean validation loss over ``eval_batches`` batches, the same ones every call."""
+def evaluate(model: torch.nn.Module, source: Source, recipe: dict, *, seed: int) -> tuple[float, float]:
+    """Mean validation loss and accuracy over ``eval_batches`` batches, the same ones every call."""
     was_training = model.training
     model.eval()
     stream = torch.Generator().manual_seed(seed + 1_000_003)
-    losses = []
+    losses, hits, scored = [], 0, 0
     for _ in range(recipe["eval_batches"]):
         batch = source.batch(split="val", batch_size=recipe["batch_size"], generator=stream)
-        losses.append(_loss(model(batch.inputs), batch.targets).item())
+        logits_BTV = model(batch.inputs)
+        losses.append(_loss(logits_BTV, batch.targets).item())
+        mask_BT = batch.targets != IGNORE
+        hits += int((logits_BTV.argmax(-1) == batch.targets)[mask_BT].sum())
+        scored += int(mask_BT.sum())
     model.train(was_training)
-    return sum(losses) / len(losses)
+    return sum(losses) / len(losses), hits / max(1, scored)
+
+
+def training_loss(model: torch.nn.Module, batch) -> torch.Tensor:
+    """The model's own training objective when it has one (exit gates add an
+    expected loss over loops), else next-token cross-entropy."""
+    own = getattr(model, "training_loss", None)
+    if own is not None:
+        return own(batch.inputs, batch.targets)
+    return _loss(model(batch.inputs), batch.targets)
 
 
 def _loss(logits_BTV: torch.Tensor, targets_BT: torch.Tensor) -> torch.Tensor:

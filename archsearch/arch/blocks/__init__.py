@@ -1,0 +1,54 @@
+"""Sublayer blocks: every mixer and MLP a layer can name.
+
+Each entry carries the module and, beside it, its exact parameter count and
+its analytic forward FLOPs per token, so ``budget`` counts a model without
+building it. Adding a mixer is one module here and one line in the table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from archsearch.arch.blocks import attention, swiglu
+from archsearch.arch.spec import ArchSpec, LayerSpec
+
+
+def _no_mixing(spec: ArchSpec, layer: LayerSpec, seq_len: int) -> float:
+    return 0.0
+
+
+@dataclass(frozen=True)
+class Block:
+    """A registered sublayer: module class plus its counting formulas.
+
+    ``flops`` is the whole forward count per token; ``mixing`` is the part of
+    it that is not a weight matmul (attention scores, scans, state updates),
+    which torch's FLOP counter sees differently or not at all.
+    """
+
+    module: type
+    params: Callable[[ArchSpec, LayerSpec], int]
+    flops: Callable[[ArchSpec, LayerSpec, int], float]
+    mixing: Callable[[ArchSpec, LayerSpec, int], float] = _no_mixing
+
+
+MIXERS: dict[str, Block] = {
+    "attention": Block(attention.Attention, attention.params, attention.flops, attention.mixing),
+}
+
+MLPS: dict[str, Block] = {
+    "swiglu": Block(swiglu.SwiGLU, swiglu.params, swiglu.flops),
+}
+
+
+def mixer(name: str) -> Block:
+    if name not in MIXERS:
+        raise KeyError(f"unknown mixer {name!r}; registered: {sorted(MIXERS)}")
+    return MIXERS[name]
+
+
+def mlp(name: str) -> Block:
+    if name not in MLPS:
+        raise KeyError(f"unknown MLP {name!r}; registered: {sorted(MLPS)}")
+    return MLPS[name]

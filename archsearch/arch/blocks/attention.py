@@ -61,7 +61,11 @@ def params(spec: ArchSpec, layer: LayerSpec) -> int:
     return 4 * spec.d_model**2
 
 
+def mixing(spec: ArchSpec, layer: LayerSpec, seq_len: int) -> float:
+    """QK^T and AV over the causal context (on average T/2 keys): 2 * 2 * (T/2) * D."""
+    return 2 * seq_len * spec.d_model
+
+
 def flops(spec: ArchSpec, layer: LayerSpec, seq_len: int) -> float:
-    """Forward FLOPs per token: projections 2*4D^2, plus QK^T and AV over the
-    causal context (on average T/2 keys): 2 * 2 * (T/2) * D = 2 T D."""
-    return 2 * params(spec, layer) + 2 * seq_len * spec.d_model
+    """Forward FLOPs per token: projections 2 * 4D^2 plus the attention mixing."""
+    return 2 * params(spec, layer) + mixing(spec, layer, seq_len)
