@@ -28,7 +28,11 @@ _EXPORTS = {
     "open_store": "archsearch.store",
 }
 
-__all__ = sorted(_EXPORTS) + ["__version__"]
+__all__ = [
+    "ArchSpec", "ArchsearchError", "LayerSpec", "PlannedTrial", "SpecError", "__version__", "build_model",
+    "count_params", "flops_per_token", "load_space", "load_study", "open_store", "plan", "run_study",
+    "train_trial",
+]
 
 if TYPE_CHECKING:
     from archsearch.arch.model import build_model

@@ -1,6 +1,8 @@
 """Space and study files: YAML -> typed, validated models. Torch-free."""
 
 from archsearch.space.load import Origin, load_space, load_study
-from archsearch.space.schema import Budget, Execution, Recipe, Space, Study
+from archsearch.space.schema import Budget, Execution, Space, Study
+from archsearch.space.training import Data, MqarData, Recipe, TextData
 
-__all__ = ["Budget", "Execution", "Origin", "Recipe", "Space", "Study", "load_space", "load_study"]
+__all__ = ["Budget", "Data", "Execution", "MqarData", "Origin", "Recipe", "Space", "Study", "TextData", "load_space",
+           "load_study"]
