@@ -16,6 +16,10 @@ from archsearch.arch.spec import ArchSpec
 from archsearch.arch.structures import stack
 
 
+def _state_unknown(spec: ArchSpec, seq_len: int) -> int:
+    raise NotImplementedError(f"structure {spec.structure!r} has no state formula yet")
+
+
 @dataclass(frozen=True)
 class Structure:
     """A registered model structure: module class plus its counting formulas."""
@@ -24,10 +28,11 @@ class Structure:
     params: Callable[[ArchSpec], int]  # non-embedding
     flops: Callable[[ArchSpec, int], float]  # forward per token at seq_len, LM head excluded
     mixing: Callable[[ArchSpec, int], float]  # the part of flops that is not weight matmuls
+    state: Callable[[ArchSpec, int], int] = _state_unknown  # values kept per sequence after seq_len tokens
 
 
 STRUCTURES: dict[str, Structure] = {
-    "stack": Structure(stack.Stack, stack.params, stack.flops, stack.mixing),
+    "stack": Structure(stack.Stack, stack.params, stack.flops, stack.mixing, stack.state),
 }
 
 

@@ -48,3 +48,10 @@ def weight_flops_per_token(spec: ArchSpec, *, seq_len: int) -> float:
     what torch's FLOP counter attributes to Linear and Conv modules."""
     return flops_per_token(spec, seq_len=seq_len, kind="forward") - registry.structure(spec.structure).mixing(
         spec, seq_len)
+
+
+def state_size(spec: ArchSpec, *, seq_len: int) -> int:
+    """Values one sequence keeps to decode its next token after ``seq_len``
+    tokens: the KV cache of attention, the recurrent state of SSMs and memories.
+    Multiply by the bytes per value (2 in bf16) for memory."""
+    return registry.structure(spec.structure).state(spec, seq_len)

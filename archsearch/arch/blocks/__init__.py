@@ -18,23 +18,30 @@ def _no_mixing(spec: ArchSpec, layer: LayerSpec, seq_len: int) -> float:
     return 0.0
 
 
+def _no_state(spec: ArchSpec, layer: LayerSpec, seq_len: int) -> int:
+    return 0
+
+
 @dataclass(frozen=True)
 class Block:
     """A registered sublayer: module class plus its counting formulas.
 
     ``flops`` is the whole forward count per token; ``mixing`` is the part of
     it that is not a weight matmul (attention scores, scans, state updates),
-    which torch's FLOP counter sees differently or not at all.
+    which torch's FLOP counter sees differently or not at all. ``state`` is
+    the number of values a sequence keeps to generate its next token after
+    ``seq_len`` tokens (KV cache, recurrent state); MLPs keep none.
     """
 
     module: type
     params: Callable[[ArchSpec, LayerSpec], int]
     flops: Callable[[ArchSpec, LayerSpec, int], float]
     mixing: Callable[[ArchSpec, LayerSpec, int], float] = _no_mixing
+    state: Callable[[ArchSpec, LayerSpec, int], int] = _no_state
 
 
 MIXERS: dict[str, Block] = {
-    "attention": Block(attention.Attention, attention.params, attention.flops, attention.mixing),
+    "attention": Block(attention.Attention, attention.params, attention.flops, attention.mixing, attention.state),
 }
 
 MLPS: dict[str, Block] = {

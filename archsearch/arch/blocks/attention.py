@@ -69,3 +69,8 @@ def mixing(spec: ArchSpec, layer: LayerSpec, seq_len: int) -> float:
 def flops(spec: ArchSpec, layer: LayerSpec, seq_len: int) -> float:
     """Forward FLOPs per token: projections 2 * 4D^2 plus the attention mixing."""
     return 2 * params(spec, layer) + mixing(spec, layer, seq_len)
+
+
+def state(spec: ArchSpec, layer: LayerSpec, seq_len: int) -> int:
+    """The KV cache: a key and a value of width D for every token seen."""
+    return 2 * seq_len * spec.d_model

@@ -107,3 +107,8 @@ def flops(spec: ArchSpec, seq_len: int) -> float:
 def mixing(spec: ArchSpec, seq_len: int) -> float:
     """The part of ``flops`` that is not weight matmuls (attention, scans)."""
     return sum(layer_mixing(spec, layer, seq_len) for layer in spec.layers)
+
+
+def state(spec: ArchSpec, seq_len: int) -> int:
+    """Values a sequence keeps after ``seq_len`` tokens: the sum over layers."""
+    return sum(blocks.mixer(layer.mixer).state(spec, layer, seq_len) for layer in spec.layers)
