@@ -1,23 +1,25 @@
 """Plan a study: every trial it would run, with solved widths, and no training.
 
-A trial is a point of the space x a budget target x a seed. Its id hashes the
-resolved spec, recipe, data and seed, so the same work always has the same id
-and a store never trains it twice.
+A trial is a point of the space x a budget target x a seed (x an arm, for
+looped protocols). Its id hashes the resolved spec, recipe, data and seed, so
+the same work always has the same id and a store never trains it twice. Every
+trial is matched on one measure and reports all of them.
 """
 
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from archsearch import __version__
-from archsearch.arch.families import spec_maker
+from archsearch.arch.families import layer_count, spec_maker
 from archsearch.arch.spec import ArchSpec
-from archsearch.budget import BudgetError, count_params, flops_per_token, solve_params
-from archsearch.space.schema import Space, Study
+from archsearch.budget import BudgetError, count_params, flops_per_token, solve, state_size
+from archsearch.errors import SpecError
+from archsearch.space.expand import expand
+from archsearch.space.schema import Study
 
 BYTE_VOCAB = 256
 
@@ -30,43 +32,25 @@ class PlannedTrial:
     study: str
     axes: dict[str, Any]
     seed: int
-    match: str
+    match: str  # params | flops | state, or iso_param / iso_flop for a protocol's baseline arm
     target: float
+    achieved: float  # the matched measure of this trial
+    match_error: float  # achieved / target - 1
     params: int  # non-embedding
     total_params: int
     flops_per_token: float  # training FLOPs per token at the study's seq_len
-    match_error: float  # params / target - 1
+    state: int | None  # values kept per sequence at seq_len (None: no formula yet)
     spec: ArchSpec
     recipe: dict
     data: dict
 
     def to_dict(self) -> dict:
-        out = {k: getattr(self, k) for k in ("trial_id", "study", "axes", "seed", "match", "target", "params",
-                                            "total_params", "flops_per_token", "match_error")}
-        out.update(d_model=self.spec.d_model, num_layers=self.spec.num_layers,
-                   mlp_widths=list(self.spec.mlp_widths), spec=self.spec.to_dict(),
-                   recipe=self.recipe, data=self.data)
+        out = {k: getattr(self, k) for k in ("trial_id", "study", "axes", "seed", "match", "target", "achieved",
+                                            "match_error", "params", "total_params", "flops_per_token", "state")}
+        out.update(family=self.spec.family, structure=self.spec.structure, d_model=self.spec.d_model,
+                   num_layers=self.spec.num_layers, mlp_widths=list(self.spec.mlp_widths),
+                   spec=self.spec.to_dict(), recipe=self.recipe, data=self.data)
         return out
-
-
-def grid(space: Space) -> list[dict[str, Any]]:
-    """Every point of the space's axes, as flat dotted names -> value.
-
-    A uniform taper has no ratio, so its ratio is pinned to 1.0 and the
-    duplicate points that would differ only in ratio collapse into one.
-    """
-    axes = _flatten(space.axes.model_dump())
-    names = list(axes)
-    points, seen = [], set()
-    for values in itertools.product(*(axes[n] for n in names)):
-        point = dict(zip(names, values))
-        if point.get("taper.shape") == "uniform":
-            point["taper.ratio"] = 1.0
-        key = json.dumps(point, sort_keys=True)
-        if key not in seen:
-            seen.add(key)
-            points.append(point)
-    return points
 
 
 def plan(study: Study) -> list[PlannedTrial]:
@@ -75,30 +59,70 @@ def plan(study: Study) -> list[PlannedTrial]:
     Raises ``SpecError`` (pointing at the budget target) when a target cannot
     be reached.
     """
-    space = study.space
+    space, budget = study.space, study.budget
     vocab = vocab_size(study.data.model_dump())
     recipe, data = study.recipe.model_dump(), study.data.model_dump()
+    seq_len = study.data.seq_len
+    measure = _measure(budget.match, seq_len=seq_len, embeddings=budget.count_embeddings)
     trials, seen = [], set()
-    for point in grid(space):
-        make = spec_maker(space, point, vocab_size=vocab)
-        for index, target in enumerate(study.budget.targets):
+
+    def add(axes: dict, seed: int, match: str, target: float, achieved: float, spec: ArchSpec) -> None:
+        trial = _trial(study, axes, seed, match, target, achieved, spec, recipe, data, seq_len)
+        if trial.trial_id not in seen:
+            seen.add(trial.trial_id)
+            trials.append(trial)
+
+    for point in expand(space):
+        make = spec_maker(point, space.model, vocab_size=vocab)
+        for index, target in enumerate(budget.target_list()):
             try:
-                solution = solve_params(target=target, make_spec=make, num_layers=point["num_layers"],
-                                        head_dim=space.model.head_dim, mlp_ratio=space.model.mlp_ratio,
-                                        multiple_of=space.model.multiple_of, tolerance=study.budget.tolerance)
+                solution = solve(target=target, make_spec=make, measure=measure, num_layers=layer_count(point),
+                                 head_dim=space.model.head_dim, mlp_ratio=space.model.mlp_ratio,
+                                 multiple_of=space.model.multiple_of, tolerance=budget.tolerance,
+                                 solve_for=budget.solve_for, d_model=space.model.d_model)
             except BudgetError as err:
                 raise _budget_error(study, index, point, err) from None
-            for seed in study.seeds:
-                trial = _trial(study, point, seed, target, solution.spec, recipe, data)
-                if trial.trial_id not in seen:
-                    seen.add(trial.trial_id)
-                    trials.append(trial)
+            arms = [("looped", point, budget.match, target, solution.achieved, solution.spec)]
+            if budget.protocol != "none" and point["family"] == "looped":
+                arms = [("looped", *arms[0][1:]), _baseline_arm(budget.protocol, point, solution.spec, seq_len)]
+            for arm, axes, match, arm_target, achieved, spec in arms:
+                axes = dict(axes, arm=arm) if len(arms) > 1 else axes
+                for seed in study.seeds:
+                    add(axes, seed, match, arm_target, achieved, spec)
     return trials
 
 
+def _baseline_arm(protocol: str, point: dict, looped: ArchSpec, seq_len: int) -> tuple:
+    """The protocol's comparison model for a looped trial.
+
+    iso_param: the same k layers applied once (same parameters, fewer FLOPs);
+    iso_flop: loops x k distinct layers (same FLOPs, more parameters).
+    """
+    loops = looped.options["loops"]
+    layers = looped.layers if protocol == "iso_param" else looped.layers * loops
+    baseline = replace(looped, structure="stack", options={}, layers=layers)
+    if protocol == "iso_param":
+        target, achieved = count_params(looped), count_params(baseline)
+    else:
+        target = flops_per_token(looped, seq_len=seq_len)
+        achieved = flops_per_token(baseline, seq_len=seq_len)
+    return ("baseline", point, protocol, target, achieved, baseline)
+
+
+def _measure(match: str, *, seq_len: int, embeddings: bool):
+    if match == "params":
+        return lambda spec: count_params(spec, embeddings=embeddings)
+    if match == "flops":
+        return lambda spec: flops_per_token(spec, seq_len=seq_len, kind="train")
+    return lambda spec: state_size(spec, seq_len=seq_len)
+
+
 def vocab_size(data: dict) -> int:
-    """The vocabulary a data config implies, without loading the data."""
-    return data["vocab_size"] if "vocab_size" in data else BYTE_VOCAB
+    """The vocabulary a data config implies, without loading the data: 256 bytes, the
+    configured BPE size, a task's own (its class, built but not sampled), or a mix's shared one."""
+    from archsearch.data import vocab_size_of
+
+    return vocab_size_of(data)
 
 
 def trial_id(spec: ArchSpec, recipe: dict, data: dict, seed: int) -> str:
@@ -107,37 +131,27 @@ def trial_id(spec: ArchSpec, recipe: dict, data: dict, seed: int) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def _trial(study: Study, point: dict, seed: int, target: float, spec: ArchSpec,
-           recipe: dict, data: dict) -> PlannedTrial:
-    params = count_params(spec)
+def _trial(study: Study, axes: dict, seed: int, match: str, target: float, achieved: float, spec: ArchSpec,
+           recipe: dict, data: dict, seq_len: int) -> PlannedTrial:
+    try:
+        state = state_size(spec, seq_len=seq_len)
+    except NotImplementedError:
+        state = None
     return PlannedTrial(
-        trial_id=trial_id(spec, recipe, data, seed), study=study.name, axes=point, seed=seed,
-        match=study.budget.match, target=target, params=params,
-        total_params=count_params(spec, embeddings=True),
-        flops_per_token=flops_per_token(spec, seq_len=study.data.seq_len, kind="train"),
-        match_error=params / target - 1, spec=spec, recipe=recipe, data=data)
+        trial_id=trial_id(spec, recipe, data, seed), study=study.name, axes=axes, seed=seed, match=match,
+        target=target, achieved=achieved, match_error=achieved / target - 1, params=count_params(spec),
+        total_params=count_params(spec, embeddings=True), flops_per_token=flops_per_token(spec, seq_len=seq_len),
+        state=state, spec=spec, recipe=recipe, data=data)
 
 
-def _budget_error(study: Study, index: int, point: dict, err: BudgetError) -> Exception:
-    from archsearch.errors import SpecError
-
+def _budget_error(study: Study, index: int, point: dict, err: BudgetError) -> SpecError:
     where = ", ".join(f"{k}={v}" for k, v in point.items())
     message = f"impossible budget for trial ({where}): {err}"
     origin = study._origin
+    loc = ("budget", "targets", index) if isinstance(study.budget.targets, list) else ("budget", "targets")
     if origin is None:
-        return SpecError(message, field=f"budget.targets[{index}]", hint=err.hint)
-    return origin.error(message, loc=("budget", "targets", index), hint=err.hint)
+        return SpecError(message, field=".".join(map(str, loc)), hint=err.hint)
+    return origin.error(message, loc=loc, hint=err.hint)
 
 
-def _flatten(tree: dict, prefix: str = "") -> dict[str, list]:
-    out: dict[str, list] = {}
-    for key, value in tree.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            out.update(_flatten(value, name + "."))
-        else:
-            out[name] = value
-    return out
-
-
-__all__ = ["PlannedTrial", "grid", "plan", "trial_id", "vocab_size", "__version__"]
+__all__ = ["PlannedTrial", "plan", "trial_id", "vocab_size", "__version__"]

@@ -9,8 +9,9 @@ import pytest
 
 TINY_SPACE = """\
 name: tiny
-family: transformer
+
 axes:
+  family: transformer
   num_layers: 2
   taper:
     shape: [uniform, cosine, reverse]
@@ -26,6 +27,7 @@ def tiny_study_text(*, corpus: Path, targets: str = "[6000]", steps: int = 12) -
         space: space.yaml
         budget:
           targets: {targets}
+          tolerance: 0.02
         data:
           kind: text
           paths: [{corpus}]

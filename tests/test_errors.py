@@ -20,7 +20,8 @@ CASES = {
                           "below the smallest model"),
     "negative-target": (("targets: [6000]", "targets: [-5]"), None, "budget.targets[0]", "greater than 0"),
     "wrong-layers-type": (None, ("num_layers: 2", "num_layers: two"), "axes.num_layers", "integer"),
-    "missing-budget": (("budget:\n  targets: [6000]\n", ""), None, "budget", "required key is missing"),
+    "missing-budget": (("budget:\n  targets: [6000]\n  tolerance: 0.02\n", ""), None, "budget",
+                       "required key is missing"),
     "unknown-data-kind": (("kind: text", "kind: txt"), None, "data.kind", "did you mean 'text'"),
     "duplicate-key": (("name: tiny", "name: tiny\nname: again"), None, "name", "duplicate key"),
     "yaml-syntax": (("name: tiny", "name: [tiny"), None, None, "YAML syntax error"),
@@ -40,16 +41,27 @@ def write(tmp_path: Path, corpus: Path, study_edit, space_edit) -> Path:
     return tmp_path / "study.yaml"
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "archsearch.cli", *args], capture_output=True, text=True,
-                          timeout=120)
+def run_cli(*args: str, separate_process: bool = False) -> subprocess.CompletedProcess:
+    """The CLI's exit code and stderr; in-process unless asked (a real process
+    proves no traceback escapes; in-process keeps the corpus fast)."""
+    if separate_process:
+        return subprocess.run([sys.executable, "-m", "archsearch.cli", *args], capture_output=True, text=True,
+                              timeout=120)
+    from typer.testing import CliRunner
+
+    from archsearch.cli import app
+
+    result = CliRunner().invoke(app, list(args))
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return subprocess.CompletedProcess(args, result.exit_code, result.stdout, result.stderr)
 
 
 @pytest.mark.parametrize("case", list(CASES.values()), ids=list(CASES))
 def test_bad_file_is_one_clear_line(tmp_path, corpus, case):
     study_edit, space_edit, field, text = case
     path = write(tmp_path, corpus, study_edit, space_edit)
-    result = run_cli("plan", str(path))
+    result = run_cli("plan", str(path), separate_process=case is CASES["unknown-shape"])
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr

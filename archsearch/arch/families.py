@@ -1,36 +1,96 @@
 """From a point of a space to an ArchSpec, given the widths the solver picks.
 
-A family here is a recipe for the per-layer tuple; the blocks themselves live
-in the registry. Torch-free.
+A family is a recipe for the per-layer tuple and the structure that wires it;
+the blocks themselves live in the registry. Every family has MLPs whose total
+width the solver sizes and the taper spreads over depth. Torch-free.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from archsearch.arch.spec import ArchSpec, LayerSpec
 from archsearch.arch.taper import taper_widths
-from archsearch.budget.solve import SpecMaker
-from archsearch.space.schema import Space
+from archsearch.space.schema import ModelOptions
+
+SpecMaker = Callable[[int, int], ArchSpec]  # (d_model, total MLP width) -> spec
+
+LETTERS = {"A": "attention", "M": "mamba", "G": "gated_deltanet"}
+SINGLE_MIXER = {"transformer": "attention", "gated_attention": "gated_attention", "mamba": "mamba",
+                "gdn": "gated_deltanet", "titans": "titans", "hope": "attention", "memory": "attention",
+                "hrm": "attention", "universal": "attention"}
+STRUCTURE = {"looped": "looped", "memory": "memory", "hrm": "hrm", "universal": "universal"}
 
 
-def spec_maker(space: Space, point: Mapping[str, Any], *, vocab_size: int) -> SpecMaker:
+def ratio_pattern(ratio: str, num_layers: int, recurrent: str = "M") -> str:
+    """'3:1' over 8 layers -> 'MMMAMMMA': attention layers spread evenly, last one at the top."""
+    rec, att = (int(x) for x in ratio.split(":"))
+    if rec + att == 0:
+        raise ValueError(f"hybrid ratio {ratio!r} has no layers")
+    n_att = round(num_layers * att / (rec + att))
+    places = {round((j + 1) * num_layers / n_att) - 1 for j in range(n_att)} if n_att else set()
+    return "".join("A" if i in places else recurrent for i in range(num_layers))
+
+
+def tiled(pattern: str, num_layers: int) -> str:
+    """A pattern repeated (and cut) to ``num_layers`` letters, nanochat-style."""
+    return (pattern * (num_layers // len(pattern) + 1))[:num_layers]
+
+
+def mixers_of(point: Mapping[str, Any], num_layers: int) -> list[str]:
+    """The mixer of every layer of this point."""
+    family = point["family"]
+    if family == "hybrid":
+        pattern = point.get("hybrid.pattern", "A")
+        if pattern == "A":  # the default: build from the ratio
+            letter = "M" if point.get("hybrid.mixer", "mamba") == "mamba" else "G"
+            pattern = ratio_pattern(point.get("hybrid.ratio", "3:1"), num_layers, letter)
+        return [LETTERS[c] for c in tiled(pattern, num_layers)]
+    if family == "looped":
+        return [LETTERS[c] for c in tiled(point.get("hybrid.pattern", "A"), num_layers)]
+    if family == "gpn":
+        return ["gpn"] * num_layers
+    return [SINGLE_MIXER[family]] * num_layers
+
+
+def layer_count(point: Mapping[str, Any]) -> int:
+    return point["gpn.layers"] if point["family"] == "gpn" else point["num_layers"]
+
+
+def spec_maker(point: Mapping[str, Any], options: ModelOptions, *, vocab_size: int) -> SpecMaker:
     """A function (d_model, total MLP width) -> ArchSpec for this point."""
-    options = space.model
-    num_layers = point["num_layers"]
+    family = point["family"]
+    num_layers = layer_count(point)
+    mixers = mixers_of(point, num_layers)
+    mlp = "cms" if family == "hope" else "swiglu"
+    structure, structure_options = _structure(point)
+    layer_options = {"gate": point["attention.gate"]} if family == "gated_attention" else {}
 
     def make(d_model: int, total_width: int) -> ArchSpec:
-        widths = taper_widths(shape=point["taper.shape"], ratio=point["taper.ratio"], num_layers=num_layers,
-                              total=total_width, multiple_of=options.multiple_of)
-        return ArchSpec(
-            family=space.family,
-            vocab_size=vocab_size,
-            d_model=d_model,
-            num_heads=d_model // options.head_dim,
-            layers=tuple(LayerSpec(mixer="attention", mlp="swiglu", mlp_width=w) for w in widths),
-            tie_embeddings=options.tie_embeddings,
-            rope_theta=options.rope_theta,
-        )
+        widths = taper_widths(shape=point.get("taper.shape", "uniform"), ratio=point.get("taper.ratio", 1.0),
+                              num_layers=num_layers, total=total_width, multiple_of=options.multiple_of)
+        layers = tuple(LayerSpec(mixer=m, mlp=mlp, mlp_width=w, options=dict(layer_options))
+                       for m, w in zip(mixers, widths))
+        return ArchSpec(family=family, vocab_size=vocab_size, d_model=d_model,
+                        num_heads=max(1, d_model // options.head_dim), layers=layers, structure=structure,
+                        options=dict(structure_options), tie_embeddings=options.tie_embeddings,
+                        rope_theta=options.rope_theta)
 
     return make
+
+
+def _structure(point: Mapping[str, Any]) -> tuple[str, dict]:
+    family = point["family"]
+    if family == "looped":
+        return "looped", {"loops": point["loops"], "exit_gate": point["exit_gate"], "inject": True}
+    if family == "universal":
+        return "universal", {"steps": point["loops"]}
+    if family == "memory":
+        return "memory", {"placement": point["memory.placement"], "slots": point["memory.slots"],
+                          "memory_dim": point["memory.width"] or None, "segment": point["memory.segment"]}
+    if family == "gpn":
+        return ("gpn_m" if point["gpn.memory"] else "gpn"), {}
+    if family == "hrm":
+        return "hrm", {"N": point["hrm.N"], "T": point["hrm.T"]}
+    return "stack", {}

@@ -14,27 +14,32 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from archsearch.errors import SpecError, did_you_mean
-from archsearch.space._yaml import Lines, read_yaml
+from archsearch.space._yaml import read_yaml
 from archsearch.space.schema import Space, Study
+
+
+MAX_INCLUDE_DEPTH = 8
 
 
 @dataclass(frozen=True)
 class Origin:
-    """Where a model was read from: the file and the line of every field."""
+    """Where a model was read from: its file, and the file and line of every
+    field (an included file's fields keep their own file and line)."""
 
     path: str
-    lines: Lines
+    lines: dict[tuple, tuple[str, int]]
 
-    def line(self, loc: tuple) -> int | None:
-        """The line of the deepest prefix of ``loc`` that the file holds."""
+    def where(self, loc: tuple) -> tuple[str, int | None]:
+        """File and line of the deepest prefix of ``loc`` that was written."""
         for end in range(len(loc), -1, -1):
             if loc[:end] in self.lines:
                 return self.lines[loc[:end]]
-        return None
+        return self.path, None
 
     def error(self, message: str, *, loc: tuple, hint: str | None = None) -> SpecError:
         field = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".") or None
-        return SpecError(message, path=self.path, line=self.line(loc), field=field, hint=hint)
+        path, line = self.where(loc)
+        return SpecError(message, path=path, line=line, field=field, hint=hint)
 
 
 def load_study(path: str | Path) -> Study:
@@ -78,13 +83,55 @@ def load_space(path: str | Path) -> Space:
     return _load(Space, path)
 
 
-def _sublines(lines: Lines, prefix: tuple) -> Lines:
+def _sublines(lines: dict, prefix: tuple) -> dict:
     n = len(prefix)
     return {loc[n:]: line for loc, line in lines.items() if loc[:n] == prefix}
 
 
-def _load(model: type[BaseModel], path: str | Path) -> Any:
+def read_with_includes(path: str | Path, *, chain: tuple[str, ...] = ()) -> tuple[Any, dict]:
+    """Read a YAML file; ``include:`` (a path or list, relative to the file)
+    loads other files first and this file's keys override theirs, key by key."""
+    path = Path(path)
     data, lines = read_yaml(path)
+    where = {loc: (str(path), line) for loc, line in lines.items()}
+    if not isinstance(data, dict) or "include" not in data:
+        return data, where
+    origin = Origin(str(path), where)
+    includes = data.pop("include")
+    includes = includes if isinstance(includes, list) else [includes]
+    merged, merged_where = {}, {}
+    for index, name in enumerate(includes):
+        loc = ("include", index) if ("include", index) in where else ("include",)
+        if not isinstance(name, str):
+            raise origin.error("include takes a file path or a list of them", loc=loc)
+        target = (path.parent / name).resolve()
+        if str(target) in chain or target == path.resolve():
+            raise origin.error(f"'{name}' includes itself (through {' -> '.join(chain) or path})", loc=loc,
+                               hint="remove the include cycle")
+        if len(chain) >= MAX_INCLUDE_DEPTH:
+            raise origin.error(f"includes nest deeper than {MAX_INCLUDE_DEPTH}", loc=loc)
+        if not target.is_file():
+            raise origin.error(f"included file '{name}' not found (looked at {target})", loc=loc,
+                               hint="paths are relative to the including file")
+        base, base_where = read_with_includes(target, chain=chain + (str(path.resolve()),))
+        if not isinstance(base, dict):
+            raise origin.error(f"included file '{name}' is not a mapping of keys", loc=loc)
+        merged = _merge(merged, base)
+        merged_where.update(base_where)
+    merged = _merge(merged, data)
+    merged_where.update({loc: w for loc, w in where.items() if loc[:1] != ("include",)})
+    return merged, merged_where
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def _load(model: type[BaseModel], path: str | Path) -> Any:
+    data, lines = read_with_includes(path)
     origin = Origin(str(path), lines)
     if not isinstance(data, dict):
         raise origin.error(f"expected a mapping of keys at the top, got {type(data).__name__}",

@@ -1,0 +1,204 @@
+"""Expand a space into its points: grids, ranges, conditions, derived values
+and constraints, all before any model is sized or trained. Torch-free.
+
+A point is a flat mapping of dotted axis names (``taper.shape``) and derived
+names to values. Expressions see dots as underscores (``taper_shape``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import random
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+
+from archsearch.errors import SpecError
+from archsearch.space.expr import Expr, ExprError, order_derived, parse
+from archsearch.space.schema import FAMILY_AXES, Axes, Axis, Space
+
+MAX_POINTS = 100_000
+
+
+def expression_name(axis_name: str) -> str:
+    return axis_name.replace(".", "_")
+
+
+def axes_of(space: Space) -> dict[str, Axis]:
+    """Every axis of the space by dotted name, in declaration order."""
+    out: dict[str, Axis] = {}
+
+    def walk(model: Any, prefix: str) -> None:
+        for name in type(model).model_fields:
+            value = getattr(model, name)
+            if isinstance(value, Axis):
+                out[prefix + name] = value
+            else:
+                walk(value, f"{prefix}{name}.")
+
+    walk(space.axes, "")
+    return out
+
+
+def axis_values(space: Space, name: str, axis: Axis) -> list:
+    """The concrete values of one axis (a range is gridded or sampled, then typed)."""
+    if axis.values is not None:
+        return list(axis.values)
+    lo, hi = (math.log(axis.low), math.log(axis.high)) if axis.log else (axis.low, axis.high)
+    if axis.grid is not None:
+        raw = [lo + (hi - lo) * i / max(1, axis.grid - 1) for i in range(axis.grid)]
+    else:
+        rng = random.Random(f"{space.seed}:{name}")
+        raw = [rng.uniform(lo, hi) for _ in range(axis.sample)]
+    raw = [math.exp(v) for v in raw] if axis.log else raw
+    adapter = _adapter(name)
+    typed = []
+    for value in raw:
+        value = round(value) if _is_int_axis(name) else value
+        try:
+            value = adapter.validate_python(value)
+        except ValidationError as err:
+            raise _origin_error(space, ("axes", *name.split(".")),
+                                f"range gives {value!r}: {err.errors()[0]['msg']}", "narrow low/high") from None
+        if value not in typed:
+            typed.append(value)
+    return typed
+
+
+def expand(space: Space) -> list[dict[str, Any]]:
+    """Every point of ``space`` after conditions, family relevance, derived
+    values and constraints, without duplicates. Raises SpecError on bad
+    expressions, a space too large to list, or a space left empty."""
+    axes = axes_of(space)
+    compiled = compile_expressions(space)
+    values = {name: axis_values(space, name, axis) for name, axis in axes.items()}
+    size = math.prod(len(v) for v in values.values())
+    if size > MAX_POINTS:
+        raise _origin_error(space, ("axes",), f"the grid has {size:,} points (limit {MAX_POINTS:,})",
+                            "use sample: N on wide ranges, or fewer values")
+    names = list(values)
+    points, seen, rejected = [], set(), 0
+    for combo in itertools.product(*(values[n] for n in names)):
+        point = _resolve(space, dict(zip(names, combo)), axes, compiled)
+        if point is None:
+            rejected += 1
+            continue
+        key = json.dumps(point, sort_keys=True, default=str)
+        if key not in seen:
+            seen.add(key)
+            points.append(point)
+    if not points:
+        raise _origin_error(space, ("constraints",), f"the constraints leave no point ({rejected:,} rejected)",
+                            "loosen a constraint or widen an axis")
+    return points
+
+
+def compile_expressions(space: Space) -> dict:
+    """Parse every ``when``, derived value and constraint once, checking names."""
+    axes = axes_of(space)
+    known = {expression_name(n) for n in axes}
+    out: dict = {"when": {}, "derived": [], "constraints": []}
+    for name, axis in axes.items():
+        if axis.when is not None:
+            out["when"][name] = _parse(space, ("axes", *name.split("."), "when"), axis.when, known)
+    try:
+        order = order_derived(space.derived, known)
+    except ExprError as err:
+        raise _origin_error(space, ("derived",), err.message, err.hint or "check the derived values") from None
+    everything = known | set(space.derived)
+    for name in order:
+        out["derived"].append((name, _parse(space, ("derived", name), space.derived[name], everything)))
+    for index, text in enumerate(space.constraints):
+        out["constraints"].append((index, _parse(space, ("constraints", index), text, everything)))
+    return out
+
+
+def _resolve(space: Space, point: dict, axes: dict[str, Axis], compiled: dict) -> dict | None:
+    env = {expression_name(k): v for k, v in point.items()}
+    for name, expr in compiled["when"].items():
+        if not _evaluate(space, ("axes", *name.split("."), "when"), expr, env):
+            point.pop(name)
+    family = point.get("family", "transformer")
+    point = {k: v for k, v in point.items() if k in FAMILY_AXES[family]}
+    if point.get("taper.shape") == "uniform":
+        point["taper.ratio"] = 1.0  # a uniform taper has no ratio
+    env = {expression_name(k): v for k, v in point.items()}
+    for name, expr in compiled["derived"]:
+        value = _evaluate(space, ("derived", name), expr, env)
+        dotted = next((a for a in axes if expression_name(a) == name), None)
+        if dotted is not None:
+            value = _typed(space, dotted, value)
+            if dotted in FAMILY_AXES[family]:
+                point[dotted] = value
+        else:
+            point[name] = value
+        env[name] = value
+    for index, expr in compiled["constraints"]:
+        if not _evaluate(space, ("constraints", index), expr, env):
+            return None
+    return point
+
+
+def _typed(space: Space, dotted: str, value: Any) -> Any:
+    try:
+        return _adapter(dotted).validate_python(value)
+    except ValidationError as err:
+        raise _origin_error(space, ("derived", expression_name(dotted)),
+                            f"gives {value!r} for axis {dotted}: {err.errors()[0]['msg']}",
+                            "fix the expression") from None
+
+
+def _parse(space: Space, loc: tuple, text: str, known: set[str]) -> Expr:
+    try:
+        expr = parse(text)
+    except ExprError as err:
+        raise _origin_error(space, loc, f"bad expression: {err.message}", err.hint or "") from None
+    for name in sorted(expr.names - known):
+        from archsearch.errors import did_you_mean
+
+        raise _origin_error(space, loc, f"unknown name '{name}' in expression",
+                            did_you_mean(name, known) or f"known: {', '.join(sorted(known))}")
+    return expr
+
+
+def _evaluate(space: Space, loc: tuple, expr: Expr, env: dict) -> Any:
+    try:
+        return expr.evaluate(env)
+    except ExprError as err:
+        where = ", ".join(f"{k}={v}" for k, v in env.items())
+        raise _origin_error(space, loc, f"{err.message} (at {where})", err.hint or "") from None
+
+
+_ADAPTERS: dict[str, TypeAdapter] = {}
+
+
+def _adapter(dotted: str) -> TypeAdapter:
+    """The value type of one axis, taken from the schema's Axis[...] annotation."""
+    if dotted not in _ADAPTERS:
+        model: Any = Axes
+        parts = dotted.split(".")
+        for part in parts[:-1]:
+            model = model.model_fields[part].annotation
+        annotation = model.model_fields[parts[-1]].annotation
+        axis_type = annotation.__origin__ if hasattr(annotation, "__metadata__") else annotation
+        inner = axis_type.model_fields["values"].annotation.__args__[0].__args__[0]
+        _ADAPTERS[dotted] = TypeAdapter(inner)
+    return _ADAPTERS[dotted]
+
+
+def _is_int_axis(dotted: str) -> bool:
+    try:
+        _adapter(dotted).validate_python(1.5, strict=True)
+    except ValidationError:
+        return True
+    return False
+
+
+def _origin_error(space: Space, loc: tuple, message: str, hint: str) -> SpecError:
+    origin = space._origin
+    if origin is None:
+        field = ".".join(str(p) for p in loc)
+        return SpecError(message, field=field, hint=hint or None)
+    return origin.error(message, loc=loc, hint=hint or None)
