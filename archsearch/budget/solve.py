@@ -54,6 +54,10 @@ def solve(*, target: float, make_spec: SpecMaker, measure: Measure, num_layers: 
         spec = make_spec(d, width)
         return spec, measure(spec)
 
+    smallest = at(d_model or head_dim, min_width)[1]
+    if target < smallest:
+        raise BudgetError(f"target {target:.4g} is below the smallest model ({smallest:.4g})", closest=smallest,
+                          hint="raise the target, or lower num_layers or head_dim")
     if solve_for == "mlp":
         if d_model is None:
             raise BudgetError("solve_for: mlp needs a fixed width", hint="set model.d_model in the space")
@@ -80,9 +84,6 @@ def solve(*, target: float, make_spec: SpecMaker, measure: Measure, num_layers: 
                 best = (rank, solution)
     if best is not None:
         return best[1]
-    if closest.achieved > target and closest.spec.d_model == candidates[0] and candidates[0] <= head_dim:
-        raise BudgetError(f"target {target:.4g} is below the smallest model ({closest.achieved:.4g})",
-                          closest=closest.achieved, hint="raise the target, or lower num_layers or head_dim")
     raise BudgetError(f"no width reaches target {target:.4g} within {tolerance:.2%}; closest is "
                       f"{closest.achieved:.6g} ({closest.match_error:+.2%})", closest=closest.achieved,
                       hint="lower multiple_of or head_dim, or raise budget.tolerance")

@@ -122,4 +122,5 @@ def _one_line(err: BaseException) -> str:
 
 
 def _config(study: Study) -> dict:
-    return study.model_dump(mode="json")
+    """The resolved study as saved beside its results (the space inlined)."""
+    return {**study.model_dump(mode="json", exclude={"space"}), "space": study.space.model_dump(mode="json")}

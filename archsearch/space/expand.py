@@ -103,13 +103,13 @@ def compile_expressions(space: Space) -> dict:
     for name, axis in axes.items():
         if axis.when is not None:
             out["when"][name] = _parse(space, ("axes", *name.split("."), "when"), axis.when, known)
+    everything = known | set(space.derived)
+    derived = {name: _parse(space, ("derived", name), text, everything) for name, text in space.derived.items()}
     try:
         order = order_derived(space.derived, known)
     except ExprError as err:
         raise _origin_error(space, ("derived",), err.message, err.hint or "check the derived values") from None
-    everything = known | set(space.derived)
-    for name in order:
-        out["derived"].append((name, _parse(space, ("derived", name), space.derived[name], everything)))
+    out["derived"] = [(name, derived[name]) for name in order]
     for index, text in enumerate(space.constraints):
         out["constraints"].append((index, _parse(space, ("constraints", index), text, everything)))
     return out

@@ -28,16 +28,18 @@ class Origin:
 
     path: str
     lines: dict[tuple, tuple[str, int]]
+    prefix: tuple = ()  # where this model sits in its file (an inline space: ("space",))
 
     def where(self, loc: tuple) -> tuple[str, int | None]:
         """File and line of the deepest prefix of ``loc`` that was written."""
+        loc = self.prefix + loc
         for end in range(len(loc), -1, -1):
             if loc[:end] in self.lines:
                 return self.lines[loc[:end]]
         return self.path, None
 
     def error(self, message: str, *, loc: tuple, hint: str | None = None) -> SpecError:
-        field = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".") or None
+        field = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in self.prefix + loc).lstrip(".") or None
         path, line = self.where(loc)
         return SpecError(message, path=path, line=line, field=field, hint=hint)
 
@@ -56,7 +58,7 @@ def load_study(path: str | Path) -> Study:
         space = _load(Space, space_path)
     else:
         space = study.space
-        space._origin = Origin(study._origin.path, _sublines(study._origin.lines, ("space",)))
+        space._origin = Origin(study._origin.path, study._origin.lines, prefix=("space",))
     origin = study._origin
     update = {"space": space}
     if study.data.kind == "text" and study.data.paths:
@@ -81,11 +83,6 @@ def _resolve_paths(paths: list[str], origin: Origin) -> list[str]:
 def load_space(path: str | Path) -> Space:
     """Read and validate a space file."""
     return _load(Space, path)
-
-
-def _sublines(lines: dict, prefix: tuple) -> dict:
-    n = len(prefix)
-    return {loc[n:]: line for loc, line in lines.items() if loc[:n] == prefix}
 
 
 def read_with_includes(path: str | Path, *, chain: tuple[str, ...] = ()) -> tuple[Any, dict]:

@@ -69,7 +69,7 @@ def axis(inner: Any) -> Any:
 
 
 def fixed(value: Any) -> Any:
-    return Field(default_factory=lambda: Axis(values=[value]))
+    return Field(default=value, validate_default=True)
 
 
 PositiveInt = Annotated[int, Field(ge=1)]
@@ -79,10 +79,10 @@ class TaperAxes(Strict):
     """How MLP width is spread over depth; the total MLP width is kept."""
 
     shape: axis(Literal[TAPER_SHAPES]) = Field(
-        default_factory=lambda: Axis(values=["uniform"]),
+        default="uniform", validate_default=True,
         description="uniform | cosine | linear | sigmoid | reverse (cosine, narrow first)")
     ratio: axis(Annotated[float, Field(ge=1.0, le=20.0)]) = Field(
-        default_factory=lambda: Axis(values=[3.0]),
+        default=3.0, validate_default=True,
         description="widest layer over narrowest; 3.0 gives the 1.5x -> 0.5x cosine of TLM")
 
 
@@ -94,9 +94,9 @@ class HybridAxes(Strict):
     """The layer mix of hybrid and looped stacks."""
 
     ratio: axis(Annotated[str, Field(pattern=r"^\d+:\d+$")]) = Field(
-        default_factory=lambda: Axis(values=["3:1"]), description="recurrent:attention layers, evenly interleaved")
+        default="3:1", validate_default=True, description="recurrent:attention layers, evenly interleaved")
     pattern: axis(Annotated[str, Field(pattern=r"^[MGA]+$", max_length=256)]) = Field(
-        default_factory=lambda: Axis(values=["A"]),
+        default="A", validate_default=True,
         description="layer letters, tiled to num_layers: M mamba, G gated deltanet, A attention; "
                     "used instead of ratio when set")
     mixer: axis(Literal["mamba", "gdn"]) = fixed("mamba")
@@ -104,21 +104,21 @@ class HybridAxes(Strict):
 
 class MemoryAxes(Strict):
     placement: axis(Annotated[int, Field(ge=0)]) = Field(
-        default_factory=lambda: Axis(values=[0]), description="the memory sits after this layer index")
+        default=0, validate_default=True, description="the memory sits after this layer index")
     slots: axis(PositiveInt) = fixed(8)
-    width: axis(PositiveInt) = Field(default_factory=lambda: Axis(values=[0]),
+    width: axis(Annotated[int, Field(ge=0)]) = Field(default=0, validate_default=True,
                                      description="memory slot width; 0 = d_model")
     segment: axis(PositiveInt) = fixed(32)
 
 
 class GpnAxes(Strict):
     layers: axis(Literal[1, 2]) = fixed(1)
-    memory: axis(bool) = Field(default_factory=lambda: Axis(values=[False]), description="GPN+M")
+    memory: axis(bool) = Field(default=False, validate_default=True, description="GPN+M")
 
 
 class HrmAxes(Strict):
-    N: axis(PositiveInt) = Field(default_factory=lambda: Axis(values=[2]), description="slow cycles")
-    T: axis(PositiveInt) = Field(default_factory=lambda: Axis(values=[2]), description="fast steps per slow step")
+    N: axis(PositiveInt) = Field(default=2, validate_default=True, description="slow cycles")
+    T: axis(PositiveInt) = Field(default=2, validate_default=True, description="fast steps per slow step")
 
 
 class Axes(Strict):
@@ -126,7 +126,7 @@ class Axes(Strict):
     num_layers: axis(Annotated[int, Field(ge=1, le=256)]) = Field(description="number of layers")
     taper: TaperAxes = TaperAxes()
     loops: axis(Annotated[int, Field(ge=1, le=64)]) = Field(
-        default_factory=lambda: Axis(values=[2]), description="applications of a shared group (looped, universal)")
+        default=2, validate_default=True, description="applications of a shared group (looped, universal)")
     exit_gate: axis(bool) = fixed(False)
     attention: AttentionAxes = AttentionAxes()
     hybrid: HybridAxes = HybridAxes()
@@ -146,9 +146,14 @@ class ModelOptions(Strict):
     tie_embeddings: bool = True
 
 
+INCLUDE = Field(default=None, description="file(s) whose keys this file starts from (relative paths); "
+                                         "keys written here override theirs")
+
+
 class Space(Strict):
     """The design axes, derived values and constraints of a search."""
 
+    include: Union[str, list[str], None] = INCLUDE
     name: str = "space"
     axes: Axes
     derived: dict[str, str] = Field(
@@ -205,6 +210,7 @@ class Execution(Strict):
 class Study(Strict):
     """A study: a space, a budget ladder, data, a recipe, seeds, execution."""
 
+    include: Union[str, list[str], None] = INCLUDE
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description="letters, digits, _ . -")
     space: Union[str, Space] = Field(description="path to a space file (relative to this file), or inline")
     budget: Budget

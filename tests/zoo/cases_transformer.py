@@ -12,3 +12,7 @@ CASES = {
     "transformer-d32": transformer(),
     "transformer-d48-untied-tapered": transformer(d_model=48, head_dim=16, widths=(160, 96, 32), tie=False),
 }
+
+LEARN = {
+    "transformer": (transformer(d_model=64, head_dim=16, widths=(128, 128), vocab=64), {}),
+}

@@ -66,3 +66,56 @@ def test_causal(spec):
         with torch.no_grad():
             a, b = model(tokens), model(changed)
         assert torch.allclose(a[:, : t + 1], b[:, : t + 1], atol=1e-5), f"position <= {t} saw the future"
+
+
+# Learning: one small case per family, declared as ``LEARN = {id: (spec, recipe overrides)}``.
+LEARN = {}
+for info in pkgutil.iter_modules([str(Path(__file__).parent)]):
+    if info.name.startswith("cases_"):
+        LEARN.update(getattr(importlib.import_module(f"tests.zoo.{info.name}"), "LEARN", {}))
+
+MQAR_TASK = dict(vocab_size=64, seq_len=32, num_pairs=4)
+# Chance is a uniform guess over the 32 values (1/32). The bar is four times
+# that: reaching it needs the values seen in context. Picking the right one
+# (above 1/num_pairs = 0.25) takes thousands of steps even for attention, more
+# than a one-minute CPU test allows; docs/architectures.md gives measured runs.
+MQAR_BAR = 4 / 32
+
+
+def _recipe(**overrides) -> dict:
+    from archsearch.space.schema import Recipe
+
+    fields = dict(steps=400, batch_size=64, lr=1e-2, warmup_steps=40, weight_decay=0.0, eval_every=200,
+                  eval_batches=4)
+    return Recipe(**{**fields, **overrides}).model_dump()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(LEARN.values()), ids=list(LEARN))
+def test_learns_mqar_above_copying(case):
+    from archsearch.data.synthetic import MQAR
+    from archsearch.train import train_trial
+
+    spec, overrides = case
+    assert spec.vocab_size == MQAR_TASK["vocab_size"]
+    result = train_trial(spec=spec, recipe=_recipe(**overrides), data=MQAR(**MQAR_TASK), seed=0, threads=1)
+    assert result.val_accuracy > MQAR_BAR, [round(r["val_accuracy"], 3) for r in result.curve]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(LEARN.values()), ids=list(LEARN))
+def test_text_loss_falls(case, tmp_path):
+    from archsearch.data.text import ByteCorpus
+    from archsearch.train import train_trial
+
+    spec, _ = case
+    text = "".join(f"line {i}: the cat sat on the mat and the dog sat on the log.\n" for i in range(400))
+    (tmp_path / "a.txt").write_text(text)
+    source = ByteCorpus(paths=[str(tmp_path)], seq_len=32)
+    from dataclasses import replace
+
+    byte_spec = replace(spec, vocab_size=256)
+    result = train_trial(spec=byte_spec, recipe=_recipe(steps=60, lr=3e-3, eval_every=30, batch_size=16),
+                         data=source, seed=0, threads=1)
+    first, last = result.curve[0]["val_loss"], result.curve[-1]["val_loss"]
+    assert last < first and last < 3.5  # chance is log(256) = 5.55
