@@ -27,10 +27,22 @@ def read_yaml(path: str | Path) -> tuple[Any, Lines]:
     """Parse one YAML file into plain Python values and a path -> line map."""
     path = Path(path)
     text = _read_text(path)
-    loader = yaml.SafeLoader(text)
+    try:
+        loader = yaml.SafeLoader(text)
+    except yaml.YAMLError as err:  # the reader refuses control characters up front
+        raise SpecError(f"not YAML text: {str(err).splitlines()[0]}", path=str(path),
+                        hint="remove control characters; save the file as plain UTF-8 text") from None
     try:
         try:
             node = loader.get_single_node()
+            if node is None:
+                raise SpecError("the file is empty", path=str(path), hint="see `archsearch schema`")
+            walker = _Walker(loader, str(path))
+            return walker.value(node, ()), walker.lines
+        except yaml.constructor.ConstructorError as err:
+            mark = err.problem_mark or err.context_mark
+            raise SpecError(f"unsupported YAML tag: {err.problem}", path=str(path),
+                            line=mark.line + 1 if mark else None, hint="remove the !!tag; plain values only") from None
         except yaml.MarkedYAMLError as err:
             mark = err.problem_mark or err.context_mark
             line = mark.line + 1 if mark else None
@@ -38,11 +50,8 @@ def read_yaml(path: str | Path) -> tuple[Any, Lines]:
             raise SpecError(f"YAML syntax error: {problem}", path=str(path), line=line,
                             hint="check indentation, colons and quotes on this line") from None
         except yaml.YAMLError as err:
-            raise SpecError(f"YAML error: {err}", path=str(path)) from None
-        if node is None:
-            raise SpecError("the file is empty", path=str(path), hint="see `archsearch schema`")
-        walker = _Walker(loader, str(path))
-        return walker.value(node, ()), walker.lines
+            raise SpecError(f"not YAML text: {str(err).splitlines()[0]}", path=str(path),
+                            hint="remove control characters; save the file as plain UTF-8 text") from None
     finally:
         loader.dispose()
 
@@ -83,7 +92,12 @@ class _Walker:
             return self._mapping(node, at)
         if isinstance(node, yaml.SequenceNode):
             return [self.value(item, at + (i,)) for i, item in enumerate(node.value)]
-        return self.loader.construct_object(node)
+        try:
+            return self.loader.construct_object(node)
+        except (ValueError, OverflowError) as err:  # e.g. a date like 2020-13-45
+            raise SpecError(f"cannot read value {node.value!r}: {err}", path=self.path,
+                            line=node.start_mark.line + 1, field=".".join(map(str, at)) or None,
+                            hint="quote it to keep it as text") from None
 
     def _mapping(self, node: yaml.MappingNode, at: tuple) -> dict:
         self.loader.flatten_mapping(node)
