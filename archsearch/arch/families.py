@@ -66,12 +66,17 @@ def spec_maker(point: Mapping[str, Any], options: ModelOptions, *, vocab_size: i
     mlp = "cms" if family == "hope" else "swiglu"
     structure, structure_options = _structure(point)
     layer_options = {"gate": point["attention.gate"]} if family == "gated_attention" else {}
+    made: dict[tuple[str, int], LayerSpec] = {}  # layers are frozen: share equal ones
+
+    def layer(mixer: str, width: int) -> LayerSpec:
+        if (mixer, width) not in made:
+            made[mixer, width] = LayerSpec(mixer=mixer, mlp=mlp, mlp_width=width, options=layer_options)
+        return made[mixer, width]
 
     def make(d_model: int, total_width: int) -> ArchSpec:
         widths = taper_widths(shape=point.get("taper.shape", "uniform"), ratio=point.get("taper.ratio", 1.0),
                               num_layers=num_layers, total=total_width, multiple_of=options.multiple_of)
-        layers = tuple(LayerSpec(mixer=m, mlp=mlp, mlp_width=w, options=dict(layer_options))
-                       for m, w in zip(mixers, widths))
+        layers = tuple(layer(m, w) for m, w in zip(mixers, widths))
         return ArchSpec(family=family, vocab_size=vocab_size, d_model=d_model,
                         num_heads=max(1, d_model // options.head_dim), layers=layers, structure=structure,
                         options=dict(structure_options), tie_embeddings=options.tie_embeddings,

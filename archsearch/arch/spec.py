@@ -11,7 +11,7 @@ result. Torch-free.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 
@@ -61,7 +61,13 @@ class ArchSpec:
         return tuple(layer.mlp_width for layer in self.layers)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        # written out rather than dataclasses.asdict, which deep-copies and is
+        # the slowest step of planning a large space
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["layers"] = [{f.name: getattr(layer, f.name) for f in fields(layer)} for layer in self.layers]
+        out["layers"] = [dict(layer, options=dict(layer["options"])) for layer in out["layers"]]
+        out["options"] = dict(self.options)
+        return out
 
     @classmethod
     def from_dict(cls, data: dict) -> ArchSpec:

@@ -12,16 +12,18 @@ Torch-free: the planner calls this for every trial.
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 SHAPES = ("uniform", "cosine", "linear", "sigmoid", "reverse")
 
 
-def profile(shape: str, num_layers: int, ratio: float) -> list[float]:
+@lru_cache(maxsize=4096)
+def profile(shape: str, num_layers: int, ratio: float) -> tuple[float, ...]:
     """Relative widths over depth with mean 1; first over last is ``ratio``."""
     if shape not in SHAPES:
         raise ValueError(f"unknown taper shape {shape!r}; expected one of {SHAPES}")
     if num_layers == 1 or shape == "uniform":
-        return [1.0] * num_layers
+        return (1.0,) * num_layers
     xs = [i / (num_layers - 1) for i in range(num_layers)]
     # each falls from 1 at the first layer to 0 at the last
     if shape in ("cosine", "reverse"):
@@ -36,7 +38,7 @@ def profile(shape: str, num_layers: int, ratio: float) -> list[float]:
     if shape == "reverse":
         raw.reverse()
     mean = sum(raw) / num_layers
-    return [r / mean for r in raw]
+    return tuple(r / mean for r in raw)
 
 
 def taper_widths(*, shape: str, ratio: float, num_layers: int, total: int, multiple_of: int = 8) -> list[int]:
@@ -54,7 +56,7 @@ def taper_widths(*, shape: str, ratio: float, num_layers: int, total: int, multi
     rel = profile(shape, num_layers, ratio)
     counts = [max(1, round(r * units / num_layers)) for r in rel]
     drift = units - sum(counts)
-    order = sorted(range(num_layers), key=lambda i: (abs(i - (num_layers - 1) / 2), i))
+    order = _middle_first(num_layers)
     step = 1 if drift > 0 else -1
     while drift:
         moved = False
@@ -68,3 +70,8 @@ def taper_widths(*, shape: str, ratio: float, num_layers: int, total: int, multi
         if not moved:  # cannot happen while units >= num_layers
             raise ValueError("taper rounding failed")
     return [c * multiple_of for c in counts]
+
+
+@lru_cache(maxsize=1024)
+def _middle_first(num_layers: int) -> tuple[int, ...]:
+    return tuple(sorted(range(num_layers), key=lambda i: (abs(i - (num_layers - 1) / 2), i)))

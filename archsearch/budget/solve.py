@@ -50,11 +50,20 @@ def solve(*, target: float, make_spec: SpecMaker, measure: Measure, num_layers: 
     def width_for(d: int) -> int:
         return max(min_width, round(mlp_ratio * d * num_layers / multiple_of) * multiple_of)
 
-    def at(d: int, width: int) -> tuple[ArchSpec, float]:
-        spec = make_spec(d, width)
-        return spec, measure(spec)
+    lines: dict[int, tuple[float, float]] = {}
 
-    smallest = at(d_model or head_dim, min_width)[1]
+    def line(d: int) -> tuple[float, float]:
+        """The measure at d as base + slope * (width - min_width): two counts per d."""
+        if d not in lines:
+            base = measure(make_spec(d, min_width))
+            lines[d] = base, (measure(make_spec(d, 2 * min_width)) - base) / min_width
+        return lines[d]
+
+    def value(d: int, width: int) -> float:
+        base, slope = line(d)
+        return base + slope * (width - min_width)
+
+    smallest = value(d_model or head_dim, min_width)
     if target < smallest:
         raise BudgetError(f"target {target:.4g} is below the smallest model ({smallest:.4g})", closest=smallest,
                           hint="raise the target, or lower num_layers or head_dim")
@@ -63,42 +72,60 @@ def solve(*, target: float, make_spec: SpecMaker, measure: Measure, num_layers: 
             raise BudgetError("solve_for: mlp needs a fixed width", hint="set model.d_model in the space")
         candidates = [d_model]
     else:
-        candidates = _d_candidates(target, lambda d: at(d, width_for(d))[1], head_dim)
-    best: tuple[float, Solution] | None = None
-    closest: Solution | None = None
+        candidates = _d_candidates(target, lambda d: value(d, width_for(d)), head_dim)
+    best: tuple[float, int, int] | None = None
+    closest: tuple[float, int, int] | None = None
     for d in candidates:
-        base = at(d, min_width)[1]
-        slope = (at(d, 2 * min_width)[1] - base) / min_width
+        base, slope = line(d)
         if slope > 0:
             width = max(min_width, round((min_width + (target - base) / slope) / multiple_of) * multiple_of)
         else:
             width = width_for(d)
-        spec, achieved = at(d, width)
-        solution = Solution(spec, achieved, achieved / target - 1)
-        if closest is None or abs(solution.match_error) < abs(closest.match_error):
-            closest = solution
-        if abs(solution.match_error) <= tolerance:
-            rank = (abs(math.log(width / (num_layers * d * mlp_ratio))) if solve_for == "d_model"
-                    else abs(solution.match_error))
+        error = value(d, width) / target - 1
+        if closest is None or abs(error) < abs(closest[0]):
+            closest = (error, d, width)
+        if abs(error) <= tolerance:
+            rank = abs(math.log(width / (num_layers * d * mlp_ratio))) if solve_for == "d_model" else abs(error)
             if best is None or rank < best[0]:
-                best = (rank, solution)
+                best = (rank, d, width)
     if best is not None:
-        return best[1]
+        spec = make_spec(best[1], best[2])
+        achieved = measure(spec)
+        return Solution(spec, achieved, achieved / target - 1)
+    error, d, width = closest
+    achieved = target * (1 + error)
     raise BudgetError(f"no width reaches target {target:.4g} within {tolerance:.2%}; closest is "
-                      f"{closest.achieved:.6g} ({closest.match_error:+.2%})", closest=closest.achieved,
+                      f"{achieved:.6g} ({error:+.2%})", closest=achieved,
                       hint="lower multiple_of or head_dim, or raise budget.tolerance")
 
 
 def _d_candidates(target: float, measure_at: Callable[[int], float], head_dim: int) -> list[int]:
-    """Head-dim multiples of d_model around the one that reaches ``target``."""
-    lo, hi = 1, MAX_D_MODEL // head_dim
-    if measure_at(hi * head_dim) < target:
+    """Head-dim multiples of d_model around the one that reaches ``target``.
+
+    The measure grows about as d^p for some p in [1, 2]; a few secant steps on
+    log k find the crossing in far fewer counts than bisection.
+    """
+    top = MAX_D_MODEL // head_dim
+    if measure_at(top * head_dim) < target:
         raise BudgetError(f"target {target:.4g} needs d_model above {MAX_D_MODEL}",
                           hint="lower the target or raise num_layers")
-    while lo < hi:  # largest k whose ratio-shaped model stays at or under target
-        mid = (lo + hi + 1) // 2
-        if measure_at(mid * head_dim) <= target:
-            lo = mid
-        else:
-            hi = mid - 1
-    return [k * head_dim for k in range(max(1, lo - 2), lo + 4)]
+    k, seen = 8, {}
+    for _ in range(8):
+        k = min(max(1, k), top)
+        if k in seen:
+            break
+        seen[k] = measure_at(k * head_dim)
+        lower = max((j for j in seen if j < k), default=None)
+        upper = min((j for j in seen if j > k), default=None)
+        ref = lower if lower is not None else upper
+        if ref is None or seen[ref] == seen[k]:
+            k = round(k * math.sqrt(target / seen[k]))
+            continue
+        power = math.log(seen[k] / seen[ref]) / math.log(k / ref)
+        k = round(k * (target / seen[k]) ** (1 / max(power, 0.5)))
+    k = min(max(1, k), top)
+    while k > 1 and measure_at(k * head_dim) > target:
+        k -= 1
+    while k < top and measure_at((k + 1) * head_dim) <= target:
+        k += 1
+    return [j * head_dim for j in range(max(1, k - 1), min(top, k + 2) + 1)]

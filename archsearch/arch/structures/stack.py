@@ -96,19 +96,35 @@ def init_weights(module: nn.Module) -> None:
 
 def params(spec: ArchSpec) -> int:
     """Non-embedding parameters: every layer plus the final norm."""
-    return sum(layer_params(spec, layer) for layer in spec.layers) + spec.d_model
+    return sum(per_layer(spec, layer_params)) + spec.d_model
 
 
 def flops(spec: ArchSpec, seq_len: int) -> float:
     """Forward FLOPs per token of the body (the LM head is counted by the caller)."""
-    return sum(layer_flops(spec, layer, seq_len) for layer in spec.layers)
+    return sum(per_layer(spec, layer_flops, seq_len))
+
+
+def per_layer(spec: ArchSpec, formula, *args) -> list:
+    """``formula(spec, layer, *args)`` for every layer, computed once per
+    distinct layer: a deep stack repeats a handful of layer specs, and the
+    planner counts thousands of candidate models."""
+    seen: dict = {}
+    out = []
+    for layer in spec.layers:
+        # options dicts are shared between the layers a family builds, and
+        # held alive by the spec, so their identity is a cheap exact key
+        key = (layer.mixer, layer.mlp, layer.mlp_width, id(layer.options))
+        if key not in seen:
+            seen[key] = formula(spec, layer, *args)
+        out.append(seen[key])
+    return out
 
 
 def mixing(spec: ArchSpec, seq_len: int) -> float:
     """The part of ``flops`` that is not weight matmuls (attention, scans)."""
-    return sum(layer_mixing(spec, layer, seq_len) for layer in spec.layers)
+    return sum(per_layer(spec, layer_mixing, seq_len))
 
 
 def state(spec: ArchSpec, seq_len: int) -> int:
     """Values a sequence keeps after ``seq_len`` tokens: the sum over layers."""
-    return sum(blocks.mixer(layer.mixer).state(spec, layer, seq_len) for layer in spec.layers)
+    return sum(per_layer(spec, lambda s, layer, t: blocks.mixer(layer.mixer).state(s, layer, t), seq_len))
