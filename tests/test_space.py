@@ -111,3 +111,9 @@ def test_schema_command_prints_json_schema():
         result = CliRunner().invoke(app, ["schema", kind])
         assert result.exit_code == 0
         assert "properties" in json.loads(result.stdout)
+
+
+def test_constraints_can_guard_on_axes_other_families_lack(tmp_path):
+    space = space_of(tmp_path, "family: [transformer, looped]\nnum_layers: 2\nloops: [1, 2]\n",
+                     'constraints:\n  - "family != \'looped\' or loops > 1"\n')
+    assert [(p["family"], p.get("loops")) for p in expand(space)] == [("transformer", None), ("looped", 2)]

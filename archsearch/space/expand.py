@@ -124,7 +124,10 @@ def _resolve(space: Space, point: dict, axes: dict[str, Axis], compiled: dict) -
     point = {k: v for k, v in point.items() if k in FAMILY_AXES[family]}
     if point.get("taper.shape") == "uniform":
         point["taper.ratio"] = 1.0  # a uniform taper has no ratio
-    env = {expression_name(k): v for k, v in point.items()}
+    # an axis this point does not have reads as None, so "family != 'looped'
+    # or loops > 1" works for every family
+    env = {expression_name(k): None for k in axes}
+    env.update({expression_name(k): v for k, v in point.items()})
     for name, expr in compiled["derived"]:
         value = _evaluate(space, ("derived", name), expr, env)
         dotted = next((a for a in axes if expression_name(a) == name), None)
