@@ -37,8 +37,8 @@ def user_errors(command):
             return command(*args, **kwargs)
         except ArchsearchError as err:
             _fail(str(err), err.exit_code)
-        except (ValueError, KeyError) as err:
-            _fail(str(err).strip("'\""), 2)
+        except ValueError as err:
+            _fail(str(err), 2)
         except KeyboardInterrupt:
             _fail("interrupted; finished trials are saved, run `archsearch resume STUDY` to continue", 130)
 

@@ -14,16 +14,17 @@ console = Console(width=None if sys.stdout.isatty() else 240)
 
 
 def plan_table(trials: list, *, layers: bool = False) -> None:
-    """One row per planned trial: axes, widths, params, FLOPs, match error."""
-    axes = list(trials[0].axes) if trials else []
+    """One row per planned trial: family, other axes, widths, measures, match error."""
     table = Table(title=f"{len(trials)} planned trials", header_style="bold")
-    for name in ["trial", *axes, "seed", "target", "params", "error", "d_model", "MLP widths", "FLOPs/token"]:
-        table.add_column(name, justify="right")
+    for name in ["trial", "family", "axes", "seed", "match", "target", "achieved", "error", "params", "d_model",
+                 "MLP widths", "FLOPs/token", "state"]:
+        table.add_column(name, justify="left" if name == "axes" else "right")
     for t in trials:
+        axes = " ".join(f"{k}={v}" for k, v in t.axes.items() if k != "family")
         widths = ",".join(str(w) for w in t.spec.mlp_widths)
-        table.add_row(t.trial_id, *(str(t.axes[a]) for a in axes), str(t.seed), f"{t.target:,.0f}",
-                      f"{t.params:,}", f"{t.match_error:+.2%}", str(t.spec.d_model), widths,
-                      f"{t.flops_per_token:.3g}")
+        table.add_row(t.trial_id, t.spec.family, axes, str(t.seed), t.match, _fmt(t.target), _fmt(t.achieved),
+                      f"{t.match_error:+.2%}", f"{t.params:,}", str(t.spec.d_model), widths,
+                      f"{t.flops_per_token:.3g}", _fmt(t.state))
     console.print(table)
     if layers:
         for t in trials:

@@ -25,7 +25,7 @@ def test_per_second_columns_default_to_max():
 
 
 def test_unknown_column_and_direction_are_refused():
-    with pytest.raises(KeyError, match="no column"):
+    with pytest.raises(ValueError, match="no column"):
         pareto_front(ROWS, [("nope", "min")])
     with pytest.raises(ValueError, match="min or max"):
         parse_objectives("loss:up")

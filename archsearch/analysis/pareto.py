@@ -30,7 +30,7 @@ def pareto_front(rows: Sequence[dict], objectives: Sequence[tuple[str, str]]) ->
     """
     for column, _ in objectives:
         if rows and column not in rows[0]:
-            raise KeyError(f"no column '{column}'; have: {', '.join(rows[0])}")
+            raise ValueError(f"no column '{column}'; have: {', '.join(rows[0])}")
     keyed = []
     for row in rows:
         values = [row.get(c) for c, _ in objectives]

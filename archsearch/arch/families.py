@@ -42,13 +42,13 @@ def mixers_of(point: Mapping[str, Any], num_layers: int) -> list[str]:
     """The mixer of every layer of this point."""
     family = point["family"]
     if family == "hybrid":
-        pattern = point.get("hybrid.pattern", "A")
-        if pattern == "A":  # the default: build from the ratio
+        pattern = point.get("hybrid.pattern")
+        if not pattern:  # no pattern written: build one from the ratio
             letter = "M" if point.get("hybrid.mixer", "mamba") == "mamba" else "G"
             pattern = ratio_pattern(point.get("hybrid.ratio", "3:1"), num_layers, letter)
         return [LETTERS[c] for c in tiled(pattern, num_layers)]
     if family == "looped":
-        return [LETTERS[c] for c in tiled(point.get("hybrid.pattern", "A"), num_layers)]
+        return [LETTERS[c] for c in tiled(point.get("hybrid.pattern") or "A", num_layers)]
     if family == "gpn":
         return ["gpn"] * num_layers
     return [SINGLE_MIXER[family]] * num_layers
@@ -92,8 +92,11 @@ def _structure(point: Mapping[str, Any]) -> tuple[str, dict]:
     if family == "universal":
         return "universal", {"steps": point["loops"]}
     if family == "memory":
-        return "memory", {"placement": point["memory.placement"], "slots": point["memory.slots"],
-                          "memory_dim": point["memory.width"] or None, "segment": point["memory.segment"]}
+        options = {"placement": point["memory.placement"], "slots": point["memory.slots"],
+                   "segment": point["memory.segment"]}
+        if point["memory.width"]:  # 0 keeps the structure's default, d_model
+            options["memory_dim"] = point["memory.width"]
+        return "memory", options
     if family == "gpn":
         return ("gpn_m" if point["gpn.memory"] else "gpn"), {}
     if family == "hrm":

@@ -122,8 +122,7 @@ def _resolve(space: Space, point: dict, axes: dict[str, Axis], compiled: dict) -
             point.pop(name)
     family = point.get("family", "transformer")
     point = {k: v for k, v in point.items() if k in FAMILY_AXES[family]}
-    if point.get("taper.shape") == "uniform":
-        point["taper.ratio"] = 1.0  # a uniform taper has no ratio
+    _canonical(point)
     # an axis this point does not have reads as None, so "family != 'looped'
     # or loops > 1" works for every family
     env = {expression_name(k): None for k in axes}
@@ -142,6 +141,21 @@ def _resolve(space: Space, point: dict, axes: dict[str, Axis], compiled: dict) -
         if not _evaluate(space, ("constraints", index), expr, env):
             return None
     return point
+
+
+def _canonical(point: dict) -> None:
+    """Settings that cannot matter for this point are pinned or dropped, so
+    points that build the same model collapse into one."""
+    if point.get("taper.shape") == "uniform":
+        point["taper.ratio"] = 1.0  # a uniform taper has no ratio
+    if point["family"] == "hybrid":
+        if point.get("hybrid.pattern"):  # a written pattern replaces the ratio
+            point.pop("hybrid.ratio", None)
+            point.pop("hybrid.mixer", None)
+        else:
+            point.pop("hybrid.pattern", None)
+    if point["family"] == "looped" and not point.get("hybrid.pattern"):
+        point["hybrid.pattern"] = "A"
 
 
 def _typed(space: Space, dotted: str, value: Any) -> Any:

@@ -95,10 +95,10 @@ class HybridAxes(Strict):
 
     ratio: axis(Annotated[str, Field(pattern=r"^\d+:\d+$")]) = Field(
         default="3:1", validate_default=True, description="recurrent:attention layers, evenly interleaved")
-    pattern: axis(Annotated[str, Field(pattern=r"^[MGA]+$", max_length=256)]) = Field(
-        default="A", validate_default=True,
-        description="layer letters, tiled to num_layers: M mamba, G gated deltanet, A attention; "
-                    "used instead of ratio when set")
+    pattern: axis(Annotated[str, Field(pattern=r"^[MGA]*$", max_length=256)]) = Field(
+        default="", validate_default=True,
+        description="layer letters, tiled to num_layers: M mamba, G gated deltanet, A attention; when set, "
+                    "used instead of ratio (looped: the shared group, default A)")
     mixer: axis(Literal["mamba", "gdn"]) = fixed("mamba")
 
 
