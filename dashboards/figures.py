@@ -88,6 +88,28 @@ def curves_figure(rows: list[dict], metrics: list[dict]) -> go.Figure:
     return fig
 
 
+def comparison_figure(rows: list[dict], *, y: str = "val_loss") -> go.Figure:
+    """Every arm side by side: one bar per arm (combination of varying axes),
+    one colour per budget target, best first."""
+    axes = varying_axes(rows)
+    targets = sorted({r["target"] for r in rows})
+    labels = sorted({group_label(r, axes) for r in rows},
+                    key=lambda label: min(r[y] for r in rows if group_label(r, axes) == label))
+    fig = go.Figure()
+    for target in targets:
+        at = {group_label(r, axes): r for r in rows if r["target"] == target}
+        fig.add_trace(go.Bar(x=labels, y=[at[label][y] if label in at else None for label in labels],
+                             name=f"target {target:,.0f}",
+                             customdata=[[at[label]["trial_id"], at[label]["params"]] if label in at else [None, None]
+                                         for label in labels],
+                             hovertemplate=f"%{{x}}<br>{y}=%{{y:.4f}}<br>trial %{{customdata[0]}}"
+                                           "<br>params=%{customdata[1]:,}<extra></extra>"))
+    fig.update_layout(title=f"Side by side: {_title(y)} per arm (best first)", template="plotly_white",
+                      barmode="group", xaxis_tickangle=-30)
+    fig.update_yaxes(title=_title(y))
+    return fig
+
+
 def _title(column: str) -> str:
     return {"params": "non-embedding parameters", "val_loss": "validation loss",
             "flops_per_token": "training FLOPs per token"}.get(column, column)

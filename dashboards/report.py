@@ -14,7 +14,8 @@ import plotly.io as pio
 
 from archsearch.analysis import pareto_front
 from archsearch.store import Store
-from archsearch_dashboards.figures import curves_figure, pareto_figure, scaling_figure, varying_axes
+from archsearch_dashboards.figures import (comparison_figure, curves_figure, pareto_figure, scaling_figure,
+                                          varying_axes)
 
 DEFAULT_OBJECTIVES = [("val_loss", "min"), ("params", "min")]
 
@@ -33,7 +34,7 @@ def write_report(store: Store, path: str | Path, *, study: str | None = None) ->
     if not rows:
         raise ValueError(f"no completed trials{f' in study {study}' if study else ''} to report")
     metrics = store.metrics(study).to_pylist()
-    figures = [scaling_figure(rows), pareto_figure(rows, objectives=DEFAULT_OBJECTIVES),
+    figures = [scaling_figure(rows), comparison_figure(rows), pareto_figure(rows, objectives=DEFAULT_OBJECTIVES),
                curves_figure(rows, metrics)]
     parts = [pio.to_html(fig, full_html=False, include_plotlyjs=(i == 0), default_height="520px")
              for i, fig in enumerate(figures)]
