@@ -37,6 +37,33 @@ def test_same_seed_same_losses_other_seed_other_losses(corpus):
     assert a.train_loss == b.train_loss != c.train_loss
 
 
+class Preempted(Exception):
+    pass
+
+
+def preempted_then_resumed(folder, **kwargs):
+    """The trial killed at its first evaluation (after a checkpoint at step 4), then started again."""
+    def preempt(row):
+        raise Preempted
+
+    with pytest.raises(Preempted):
+        train_trial(**kwargs, checkpoint_dir=folder, checkpoint_every=4, on_eval=preempt)
+    return train_trial(**kwargs, checkpoint_dir=folder, checkpoint_every=4)
+
+
+@pytest.mark.parametrize("variant", [dict(grad_accum=2), dict(schedule="wsd", decay_fraction=0.5),
+                                     dict(grad_accum=4, schedule="wsd", resume=True)],
+                         ids=["grad_accum", "wsd", "wsd+grad_accum+resume"])
+def test_same_trial_twice_same_losses(corpus, tmp_path, variant):
+    source = ByteCorpus(paths=[str(corpus)], seq_len=16)
+    variant = dict(variant)
+    resume = variant.pop("resume", False)
+    kwargs = dict(spec=SPEC, recipe=recipe(steps=10, eval_every=5, **variant), data=source, seed=3, threads=1)
+    a = train_trial(**kwargs)
+    b = preempted_then_resumed(tmp_path, **kwargs) if resume else train_trial(**kwargs)
+    assert a.curve == b.curve and len(a.curve) == 2
+
+
 def test_warmup_then_cosine_to_the_floor():
     kw = dict(lr=1.0, warmup_steps=10, steps=110, min_lr_ratio=0.1)
     assert lr_at(0, **kw) == pytest.approx(0.1)

@@ -1,23 +1,83 @@
-"""Data sources: byte-level text corpora and synthetic tasks, one protocol."""
+"""Data sources: text corpora, synthetic tasks and mixes of them, one protocol."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from archsearch.data._base import IGNORE, Batch, Source
+from archsearch.errors import SpecError, did_you_mean
 
 
 def make_source(data: dict) -> Source:
     """The Source a study's (dumped) data config describes."""
     kind = data["kind"]
     if kind == "text":
-        from archsearch.data.text import ByteCorpus
+        from archsearch.data.text import open_text
 
-        return ByteCorpus(paths=data["paths"], seq_len=data["seq_len"],
-                          val_fraction=data["val_fraction"], max_bytes=data["max_bytes"])
+        return open_text(data)
     if kind == "mqar":
         from archsearch.data.synthetic import MQAR
 
         return MQAR(seq_len=data["seq_len"], vocab_size=data["vocab_size"], num_pairs=data["num_pairs"])
+    if kind == "task":
+        return task_source(data)
+    if kind == "mix":
+        from archsearch.data.mix import Mix
+
+        return Mix(sources=[make_source(part["source"]) for part in data["sources"]],
+                   weights=[part["weight"] for part in data["sources"]], labels=_mix_labels(data))
     raise ValueError(f"unknown data kind {kind!r}")
 
 
-__all__ = ["IGNORE", "Batch", "Source", "make_source"]
+def task_source(data: dict) -> Source:
+    """The synthetic task a dumped ``TaskData`` names, built with its params (cheap: no data is drawn)."""
+    from archsearch.data.synthetic import TASKS
+
+    name, params = data["name"], data.get("params") or {}
+    if name not in TASKS:
+        raise SpecError(f"unknown task {name!r}", field="data.name",
+                        hint=did_you_mean(name, TASKS) or f"one of {', '.join(TASKS)}")
+    task = TASKS[name]
+    allowed = [f.name for f in dataclasses.fields(task)]
+    for key in params:
+        if key not in allowed:
+            raise SpecError(f"task {name!r} has no parameter {key!r}", field=f"data.params.{key}",
+                            hint=did_you_mean(key, allowed) or f"allowed: {', '.join(allowed)}")
+    try:
+        return task(**params)
+    except ValueError as err:
+        raise SpecError(str(err), field="data.params", hint=f"fix the parameters of task {name!r}") from None
+
+
+def vocab_size_of(data: dict) -> int:
+    """The vocabulary a dumped data config implies, without reading or drawing any data.
+
+    Text: 256 bytes, or the configured BPE size. A task: its class's. A mix:
+    the one its sources share (a SpecError when they differ).
+    """
+    kind = data["kind"]
+    if kind == "text":
+        from archsearch.space.training import BYTE_VOCAB, DEFAULT_BPE_VOCAB
+
+        return (data.get("vocab_size") or DEFAULT_BPE_VOCAB) if data.get("tokenizer") == "bpe" else BYTE_VOCAB
+    if kind == "mqar":
+        return data["vocab_size"]
+    if kind == "task":
+        return task_source(data).vocab_size
+    if kind == "mix":
+        from archsearch.data.mix import check_one_vocab
+
+        return check_one_vocab([vocab_size_of(part["source"]) for part in data["sources"]], _mix_labels(data))
+    raise ValueError(f"unknown data kind {kind!r}")
+
+
+def _mix_labels(data: dict) -> list[str]:
+    labels = []
+    for index, part in enumerate(data["sources"]):
+        source = part["source"]
+        what = source.get("name") or source.get("tokenizer") or ""
+        labels.append(f"sources[{index}] ({source['kind']} {what})".replace(" )", ")"))
+    return labels
+
+
+__all__ = ["IGNORE", "Batch", "Source", "make_source", "task_source", "vocab_size_of"]

@@ -1,91 +1,154 @@
-"""Byte-level text corpora from local files, split by document.
+"""Text corpora as token streams: documents -> split -> tokens -> random windows.
 
 With no paths given the corpus is the installed Python standard library's own
 source: present on every machine that can run archsearch, so the quickstart
-needs no download. Documents (files) go to train or validation by a hash of
-their name, so the split never leaks a document across and never changes.
+needs no download. Documents go to train or validation by a hash of their name
+(``documents.is_validation``), so the split never leaks a document across and
+never changes. Byte-level text without a ``cache_dir`` stays in memory;
+everything else is tokenized once into memory-mapped files (``cache.py``).
 """
 
 from __future__ import annotations
 
-import hashlib
+import sys
 import sysconfig
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+import numpy as np
 import torch
 
+from archsearch.data import cache
 from archsearch.data._base import Batch, Source
+from archsearch.data.documents import (Document, file_documents, hub_documents, split_documents, stdlib_files,
+                                       text_files)
+from archsearch.data.tokenize import BYTE_VOCAB, BpeTokenizer, ByteTokenizer
 from archsearch.errors import SpecError
-
-BYTE_VOCAB = 256
-
-
-def stdlib_files() -> list[Path]:
-    """The standard library's .py files, sorted; installed packages excluded."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    return sorted(p for p in root.rglob("*.py")
-                  if "site-packages" not in p.parts and "dist-packages" not in p.parts)
+from archsearch.space.training import DEFAULT_BPE_VOCAB
 
 
-def text_files(paths: list[str]) -> list[Path]:
-    """The files named, and every non-hidden file under the folders named."""
-    out: list[Path] = []
-    for raw in paths:
-        path = Path(raw)
-        if path.is_dir():
-            out.extend(sorted(p for p in path.rglob("*")
-                              if p.is_file() and not any(part.startswith(".") for part in p.parts)))
-        elif path.is_file():
-            out.append(path)
-        else:
-            raise SpecError(f"text path '{raw}' does not exist", field="data.paths", hint="check the path")
-    return out
+class TokenCorpus:
+    """A Source over token streams: random windows of ``seq_len + 1`` tokens.
 
+    ``splits`` maps "train" and "val" to 1-d token arrays (tensors, numpy
+    arrays or memory maps); ``tokenizer`` turns ids back into text.
+    """
 
-class ByteCorpus:
-    """A Source over byte-level text: random windows of ``seq_len + 1`` bytes."""
-
-    vocab_size = BYTE_VOCAB
-
-    def __init__(self, *, paths: list[str] | None = None, seq_len: int = 128,
-                 val_fraction: float = 0.1, max_bytes: int = 4_000_000):
-        files = stdlib_files() if paths is None else text_files(paths)
-        train, val = bytearray(), bytearray()
-        for path in files:
-            data = path.read_bytes()
-            if b"\x00" in data:  # binary files are not text
-                continue
-            data = data[: max_bytes - len(train) - len(val)]
-            target = val if _is_validation(str(path), val_fraction) else train
-            target += data + b"\n"
-            if len(train) + len(val) >= max_bytes:
-                break
-        if not val or not train:  # one document, or an unlucky hash: split by position
-            whole = train + val
-            cut = int(len(whole) * (1 - val_fraction))
-            train, val = whole[:cut], whole[cut:]
+    def __init__(self, *, splits: dict, seq_len: int, vocab_size: int, tokenizer=None):
         self.seq_len = seq_len
-        self.splits = {"train": _as_tensor(train), "val": _as_tensor(val)}
-        for split, tokens in self.splits.items():
+        self.vocab_size = vocab_size
+        self.tokenizer = tokenizer
+        self.splits = splits
+        for split, tokens in splits.items():
             if len(tokens) <= seq_len + 1:
-                raise SpecError(f"the {split} split has {len(tokens)} bytes, fewer than seq_len + 2",
+                raise SpecError(f"the {split} split has {len(tokens)} tokens, fewer than seq_len + 2",
                                 field="data", hint="add more text, or lower data.seq_len or data.val_fraction")
 
     def batch(self, *, split: str, batch_size: int, generator: torch.Generator) -> Batch:
         tokens = self.splits[split]
         starts_B = torch.randint(0, len(tokens) - self.seq_len - 1, (batch_size,), generator=generator)
         offsets_T = torch.arange(self.seq_len + 1)
-        window_BT = tokens[starts_B[:, None] + offsets_T].long()
+        index_BT = starts_B[:, None] + offsets_T
+        if isinstance(tokens, torch.Tensor):
+            window_BT = tokens[index_BT].long()
+        else:  # a memory map: numpy reads only the pages the windows touch
+            window_BT = torch.from_numpy(np.asarray(tokens[index_BT.numpy()], dtype=np.int64))
         return Batch(inputs=window_BT[:, :-1], targets=window_BT[:, 1:])
 
 
-def _is_validation(name: str, fraction: float) -> bool:
-    digest = int.from_bytes(hashlib.sha1(name.encode()).digest()[:4], "big")
-    return digest / 2**32 < fraction
+class ByteCorpus(TokenCorpus):
+    """Byte-level text from files (or the stdlib), held in memory as uint8 tensors."""
+
+    def __init__(self, *, paths: list[str] | None = None, seq_len: int = 128,
+                 val_fraction: float = 0.1, max_bytes: int = 4_000_000):
+        files = stdlib_files() if paths is None else text_files(paths)
+        super().__init__(splits=_byte_splits(file_documents(files), val_fraction=val_fraction, max_bytes=max_bytes),
+                         seq_len=seq_len, vocab_size=BYTE_VOCAB, tokenizer=ByteTokenizer())
 
 
-def _as_tensor(data: bytearray) -> torch.Tensor:
-    return torch.frombuffer(data, dtype=torch.uint8).clone() if data else torch.zeros(0, dtype=torch.uint8)
+def open_text(data: dict) -> TokenCorpus:
+    """The Source a dumped ``TextData`` describes: byte-level in memory, or cached tokens."""
+    if data.get("tokenizer", "byte") == "byte" and data.get("cache_dir") is None and data.get("hub") is None:
+        splits = _byte_splits(documents(data), val_fraction=data["val_fraction"], max_bytes=data["max_bytes"])
+        return TokenCorpus(splits=splits, seq_len=data["seq_len"], vocab_size=BYTE_VOCAB, tokenizer=ByteTokenizer())
+    folder = cache.load_or_build(cache.cache_root(data.get("cache_dir")), cache.cache_key(corpus_identity(data)),
+                                 lambda tmp: _build(data, tmp))
+    splits = {split: cache.read_tokens(folder, split) for split in cache.SPLITS}
+    if data.get("tokenizer", "byte") == "bpe":
+        vocab_size = data.get("vocab_size") or DEFAULT_BPE_VOCAB
+        tokenizer = BpeTokenizer.load(folder / "tokenizer.json", vocab_size=vocab_size)
+    else:
+        tokenizer, vocab_size = ByteTokenizer(), BYTE_VOCAB
+    return TokenCorpus(splits=splits, seq_len=data["seq_len"], vocab_size=vocab_size, tokenizer=tokenizer)
 
 
-__all__ = ["ByteCorpus", "Source", "stdlib_files", "text_files"]
+def corpus_identity(data: dict) -> dict:
+    """What determines a corpus's tokens: its documents (files with size and mtime, or the hub
+    dataset), the split, and the tokenizer. The cache key hashes this; seq_len is not in it."""
+    keys = ("text_field", "id_field", "val_fraction", "max_bytes", "tokenizer", "vocab_size")
+    identity = {key: data.get(key) for key in keys}
+    if data.get("hub") is not None:
+        identity["hub"] = data["hub"]
+        local = [Path(f) for f in data["hub"].get("data_files") or [] if Path(f).is_file()]
+        identity["files"] = [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in local]
+    else:
+        files = stdlib_files() if data.get("paths") is None else text_files(data["paths"])
+        identity["files"] = [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+        if data.get("paths") is None:
+            identity["stdlib"] = (sysconfig.get_paths()["stdlib"], sys.version)
+    return identity
+
+
+def documents(data: dict) -> Iterator[Document]:
+    """The documents of a dumped ``TextData``, in order (lazily: hub corpora stream)."""
+    common = dict(text_field=data.get("text_field", "text"), id_field=data.get("id_field"))
+    if data.get("hub") is not None:
+        hub = data["hub"]
+        return hub_documents(name=hub["name"], config=hub.get("config"), split=hub.get("split", "train"),
+                             data_files=hub.get("data_files"), revision=hub.get("revision"),
+                             streaming=hub.get("streaming", True), **common)
+    files = stdlib_files() if data.get("paths") is None else text_files(data["paths"])
+    return file_documents(files, **common)
+
+
+def _byte_splits(docs: Iterable[Document], *, val_fraction: float, max_bytes: int) -> dict[str, torch.Tensor]:
+    """uint8 tensors of the train and validation bytes, each document followed by a newline."""
+    texts = split_documents(docs, val_fraction=val_fraction, max_bytes=max_bytes)
+    streams = _by_position([ByteTokenizer().encode_documents(t) for t in texts], val_fraction)
+    return {split: torch.from_numpy(tokens.copy()) for split, tokens in zip(cache.SPLITS, streams)}
+
+
+def _build(data: dict, folder: Path) -> dict:
+    """Read, split and tokenize the corpus into ``folder``; the meta that describes it."""
+    train, val = split_documents(documents(data), val_fraction=data["val_fraction"], max_bytes=data["max_bytes"])
+    if data.get("tokenizer", "byte") == "bpe":
+        vocab_size = data.get("vocab_size") or DEFAULT_BPE_VOCAB
+        # Train on the train split only; with one document (split by position below) on its first part.
+        fit_on = train if train and val else _head("\n".join(train + val), 1 - data["val_fraction"])
+        tokenizer = BpeTokenizer.train(fit_on, vocab_size=vocab_size)
+        tokenizer.save(folder / "tokenizer.json")
+    else:
+        tokenizer = ByteTokenizer()
+    streams = _by_position([tokenizer.encode_documents(texts) for texts in (train, val)], data["val_fraction"])
+    splits = {split: cache.write_tokens(folder / f"{split}.bin", tokens)
+              for split, tokens in zip(cache.SPLITS, streams)}
+    return {"splits": splits, "documents": {"train": len(train), "val": len(val)},
+            "identity": corpus_identity(data)}
+
+
+def _by_position(streams: list[np.ndarray], val_fraction: float) -> list[np.ndarray]:
+    """The two streams, or, when one is empty (one document, or an unlucky hash), the whole cut by position."""
+    train, val = streams
+    if len(train) and len(val):
+        return streams
+    whole = np.concatenate([train, val])
+    cut = int(len(whole) * (1 - val_fraction))
+    return [whole[:cut], whole[cut:]]
+
+
+def _head(text: str, fraction: float) -> list[str]:
+    return [text[: int(len(text) * fraction)]]
+
+
+__all__ = ["ByteCorpus", "Document", "Source", "TokenCorpus", "corpus_identity", "documents", "open_text",
+           "stdlib_files", "text_files"]

@@ -1,14 +1,22 @@
 """The data and training-recipe sections of a study file.
 
 Kept apart from the space and budget schema because the training loop reads
-them directly (as dumped dicts). Torch-free.
+them directly (as dumped dicts). Torch-free: the synthetic task names are
+listed here and a test keeps them equal to ``archsearch.data.synthetic.TASKS``.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+import re
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+BYTE_VOCAB = 256
+DEFAULT_BPE_VOCAB = 8192
+TASK_NAMES = ("mqar", "phop", "mano", "mad_in_context_recall", "mad_fuzzy_recall", "mad_noisy_recall",
+              "mad_selective_copying", "mad_compression", "mad_memorization")
+_TOKENS_PER_PARAM = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*x\s*$")
 
 
 class Strict(BaseModel):
@@ -17,15 +25,60 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class HubSource(Strict):
+    """A Hugging Face ``datasets`` corpus, e.g. FineWeb-Edu: ``{name: HuggingFaceFW/fineweb-edu,
+    config: sample-10BT}``. ``name: parquet`` (or json, text) with ``data_files`` reads local files
+    through the same loader."""
+
+    name: str = Field(description="dataset on the hub, or a builder such as parquet with data_files")
+    config: str | None = Field(default=None, description="the dataset's configuration (subset)")
+    split: str = "train"
+    data_files: list[str] | None = None
+    revision: str | None = Field(default=None, description="pin a commit so the corpus never changes")
+    streaming: bool = Field(default=True, description="read documents as they arrive; stops at max_bytes")
+
+
 class TextData(Strict):
-    """Byte-level text: the installed Python standard library, or your own files."""
+    """Text: the installed Python standard library, your own files, or a hub corpus.
+
+    Documents go to train or validation by a hash of their identity, so the
+    split never leaks a document and never changes.
+    """
 
     kind: Literal["text"] = "text"
     paths: list[str] | None = Field(
-        default=None, description="files or folders of text; default: the Python stdlib's source")
+        default=None, description="files or folders (.txt and other text, .jsonl, .parquet); "
+                                  "default: the Python stdlib's source")
+    hub: HubSource | None = Field(default=None, description="a Hugging Face datasets corpus instead of paths")
+    text_field: str = Field(default="text", description="the text column of jsonl, parquet and hub rows")
+    id_field: str | None = Field(
+        default=None, description="column naming a document for the split; default: its file and row")
+    tokenizer: Literal["byte", "bpe"] = Field(
+        default="byte", description="byte: 256 byte values; bpe: byte-level BPE trained on the train split")
+    vocab_size: int | None = Field(
+        default=None, ge=260, le=1 << 20, description=f"bpe only; default {DEFAULT_BPE_VOCAB}")
+    cache_dir: str | None = Field(
+        default=None, description="token cache; default $ARCHSEARCH_CACHE or ~/.cache/archsearch "
+                                  "(byte-level without it stays in memory)")
     seq_len: int = Field(default=128, ge=2, le=1 << 16)
     val_fraction: float = Field(default=0.1, gt=0, lt=1)
     max_bytes: int = Field(default=4_000_000, ge=1024, description="read at most this much text")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bpe_vocab(cls, data: Any) -> Any:
+        # Filled in here so the dumped config (and so the trial id) names the real vocabulary.
+        if isinstance(data, dict) and data.get("tokenizer") == "bpe" and data.get("vocab_size") is None:
+            data = {**data, "vocab_size": DEFAULT_BPE_VOCAB}
+        return data
+
+    @model_validator(mode="after")
+    def _one_corpus(self) -> TextData:
+        if self.paths is not None and self.hub is not None:
+            raise ValueError("give paths or hub, not both")
+        if self.tokenizer == "byte" and self.vocab_size not in (None, BYTE_VOCAB):
+            raise ValueError(f"byte-level text has {BYTE_VOCAB} tokens; vocab_size is for tokenizer: bpe")
+        return self
 
 
 class MqarData(Strict):
@@ -37,15 +90,65 @@ class MqarData(Strict):
     num_pairs: int = Field(default=8, ge=1)
 
 
-Data = Annotated[Union[TextData, MqarData], Field(discriminator="kind")]
+class TaskData(Strict):
+    """Any synthetic task of ``archsearch.data.synthetic.TASKS`` by name, with its parameters."""
+
+    kind: Literal["task"]
+    name: Literal[TASK_NAMES] = Field(description=", ".join(TASK_NAMES))
+    params: dict[str, Any] = Field(default_factory=dict, description="the task's own fields (seq_len, ...)")
+
+    @property
+    def seq_len(self) -> int:
+        """The task's sequence length. Reads the task class, the one place that knows its default
+        (Mano derives it from max_ops), so it imports torch: the planner calls it, the schema never."""
+        from archsearch.data import task_source
+
+        return task_source(self.model_dump()).seq_len
+
+
+Part = Annotated[Union[TextData, MqarData, TaskData], Field(discriminator="kind")]
+
+
+class MixPart(Strict):
+    """One source of a mix, drawn for a share ``weight / sum(weights)`` of every batch's rows."""
+
+    weight: float = Field(default=1.0, gt=0)
+    source: Part
+
+
+class MixData(Strict):
+    """Several sources sharing one vocabulary, mixed row by row; shorter rows are padded and unscored."""
+
+    kind: Literal["mix"]
+    sources: list[MixPart] = Field(min_length=1)
+
+    @property
+    def seq_len(self) -> int:
+        return max(part.source.seq_len for part in self.sources)
+
+
+Data = Annotated[Union[TextData, MqarData, TaskData, MixData], Field(discriminator="kind")]
 
 
 class Recipe(Strict):
-    """AdamW with linear warmup and cosine decay to ``min_lr_ratio * lr``."""
+    """AdamW, warmup then cosine decay (or warmup-stable-decay), gradient clipping.
+
+    ``batch_size`` is the batch per optimizer step; ``grad_accum`` splits it
+    into that many micro-batches, so changing it to fit memory never changes
+    the experiment. ``tokens`` replaces ``steps`` when set: a count, or
+    ``"20x"`` for 20 tokens per non-embedding parameter (Chinchilla,
+    https://arxiv.org/abs/2203.15556).
+    """
 
     steps: int = Field(default=200, ge=1)
+    tokens: int | str | None = Field(
+        default=None, description='training tokens, or "20x" tokens per non-embedding parameter; overrides steps')
     batch_size: int = Field(default=16, ge=1)
+    grad_accum: int = Field(default=1, ge=1, description="micro-batches per step; divides batch_size")
     lr: float = Field(default=3e-3, gt=0, le=1)
+    schedule: Literal["cosine", "wsd"] = Field(
+        default="cosine", description="cosine: decay from warmup on; wsd: constant, then decay_fraction linear decay")
+    decay_fraction: float = Field(default=0.2, gt=0, le=1, description="wsd: share of steps spent decaying")
     warmup_steps: int = Field(default=20, ge=0)
     min_lr_ratio: float = Field(default=0.1, ge=0, le=1)
     weight_decay: float = Field(default=0.1, ge=0)
@@ -54,5 +157,34 @@ class Recipe(Strict):
     grad_clip: float = Field(default=1.0, gt=0)
     eval_every: int = Field(default=50, ge=1)
     eval_batches: int = Field(default=4, ge=1)
+    autocast: Literal["auto", "bf16", "off"] = Field(default="auto", description="auto: bf16 on CUDA, off on CPU")
+    compile: bool = Field(default=False, description="torch.compile the model")
+
+    @field_validator("tokens", mode="before")
+    @classmethod
+    def _tokens(cls, value: Any) -> Any:
+        # YAML reads 1e9 as a string and 1.0e9 as a float: both mean a count.
+        if isinstance(value, str) and not _TOKENS_PER_PARAM.match(value):
+            try:
+                value = float(value)
+            except ValueError:
+                raise ValueError(f'tokens takes a count or a ratio such as "20x", got {value!r}') from None
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        ratio = tokens_per_param(value) if isinstance(value, str) else value
+        if isinstance(ratio, (int, float)) and ratio <= 0:
+            raise ValueError(f"tokens must be positive, got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _micro_batches(self) -> Recipe:
+        if self.batch_size % self.grad_accum:
+            raise ValueError(f"grad_accum={self.grad_accum} must divide batch_size={self.batch_size}")
+        return self
 
 
+def tokens_per_param(tokens: int | str | None) -> float | None:
+    """The ratio of a ``"20x"`` token budget, or None for a count or no budget."""
+    if isinstance(tokens, str):
+        return float(_TOKENS_PER_PARAM.match(tokens).group(1))
+    return None

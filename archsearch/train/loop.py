@@ -1,22 +1,31 @@
 """One trial: build the model, train it, evaluate it, report.
 
 No Ray and no DuckDB in here: ``train_trial`` takes plain specs and returns a
-result, so it runs the same in a test, a notebook or a Ray worker.
+result, so it runs the same in a test, a notebook or a Ray worker. Given a
+``checkpoint_dir`` it checkpoints as it goes and, started again on the same
+folder, resumes where it stopped with the same losses an uninterrupted run
+would have had.
 """
 
 from __future__ import annotations
 
-import math
+import contextlib
+import hashlib
+import json
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from archsearch.arch.model import build_model
 from archsearch.arch.spec import ArchSpec
-from archsearch.data import IGNORE, Source, make_source
+from archsearch.budget import count_params
+from archsearch.data import IGNORE, Batch, Source, make_source
+from archsearch.train import checkpoint
+from archsearch.train.recipe import adamw, lr_at, recipe_lr, resolve_steps
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -36,72 +45,83 @@ class TrialResult:
         return asdict(self)
 
 
-def lr_at(step: int, *, lr: float, warmup_steps: int, steps: int, min_lr_ratio: float) -> float:
-    """Linear warmup to ``lr``, then cosine decay to ``min_lr_ratio * lr``."""
-    if step < warmup_steps:
-        return lr * (step + 1) / warmup_steps
-    progress = (step - warmup_steps) / max(1, steps - warmup_steps)
-    return lr * (min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
-
-
 def train_trial(*, spec: ArchSpec, recipe: dict, data: dict | Source, seed: int, threads: int | None = None,
-                on_eval: Callable[[dict], None] | None = None) -> TrialResult:
+                on_eval: Callable[[dict], None] | None = None, device: str | torch.device | None = None,
+                checkpoint_dir: str | Path | None = None, checkpoint_every: int | None = None) -> TrialResult:
     """Train ``spec`` with ``recipe`` (a dumped ``Recipe``) on ``data`` and evaluate.
 
     ``data`` is a dumped data config or a ready Source. Seeds torch, the data
     stream and the evaluation stream from ``seed``. ``on_eval`` sees each
-    evaluation row (step, tokens, train_loss, val_loss, lr) as it happens.
+    evaluation row (step, tokens, train_loss, val_loss, val_accuracy, lr) as it
+    happens. ``device`` defaults to CUDA when there is one. With
+    ``checkpoint_dir``, saves a checkpoint every ``checkpoint_every`` steps
+    (default: at every evaluation) and at the end, resumes from the newest one
+    found there, and writes the final ``model.safetensors`` and ``spec.json``.
     """
     if threads is not None:
         torch.set_num_threads(threads)
     torch.manual_seed(seed)
     source = make_source(data) if isinstance(data, dict) else data
-    model = build_model(spec)
-    optimizer = _adamw(model, recipe)
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    model = build_model(spec).to(device)
+    optimizer = adamw(model, recipe)
     train_stream = torch.Generator().manual_seed(seed)
-    steps, batch_size = recipe["steps"], recipe["batch_size"]
-    curve: list[dict] = []
-    tokens, recent = 0, []
-    start = time.perf_counter()
-    for step in range(steps):
-        lr = lr_at(step, lr=recipe["lr"], warmup_steps=recipe["warmup_steps"], steps=steps,
-                   min_lr_ratio=recipe["min_lr_ratio"])
+    steps = resolve_steps(recipe, params=count_params(spec), seq_len=_seq_len(source))
+    batch_size, grad_accum = recipe["batch_size"], recipe.get("grad_accum", 1)
+    save_every = checkpoint_every or recipe["eval_every"]
+    fingerprint = _fingerprint(spec, recipe, data, seed)
+    state = checkpoint.TrainerState()
+    found = checkpoint.latest(checkpoint_dir) if checkpoint_dir is not None else None
+    if found is not None:
+        state = checkpoint.restore(found, model=model, optimizer=optimizer, generator=train_stream,
+                                   fingerprint=fingerprint)
+    # The compiled module shares the model's parameters; checkpoints save the plain model.
+    forward = torch.compile(model) if recipe.get("compile") else model
+    autocast = _autocast(recipe, device)
+    start = time.perf_counter() - state.elapsed_s
+    for step in range(state.step, steps):
+        lr = recipe_lr(step, recipe, steps=steps)
         for group in optimizer.param_groups:
             group["lr"] = lr
         batch = source.batch(split="train", batch_size=batch_size, generator=train_stream)
-        loss = training_loss(model, batch)
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f"training loss became {loss.item()} at step {step}; lower the lr")
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        loss = _backward(forward, batch, grad_accum=grad_accum, device=device, autocast=autocast, step=step)
         torch.nn.utils.clip_grad_norm_(model.parameters(), recipe["grad_clip"])
         optimizer.step()
-        tokens += batch.inputs.numel()
-        recent = (recent + [loss.item()])[-10:]
-        if (step + 1) % recipe["eval_every"] == 0 or step + 1 == steps:
-            val_loss, val_accuracy = evaluate(model, source, recipe, seed=seed)
-            row = dict(step=step + 1, tokens=tokens, train_loss=sum(recent) / len(recent), val_loss=val_loss,
-                       val_accuracy=val_accuracy, lr=lr)
-            curve.append(row)
+        state.step, state.tokens = step + 1, state.tokens + batch.inputs.numel()
+        state.recent = (state.recent + [loss])[-10:]
+        if state.step % recipe["eval_every"] == 0 or state.step == steps:
+            val_loss, val_accuracy = evaluate(forward, source, recipe, seed=seed, device=device, autocast=autocast)
+            row = dict(step=state.step, tokens=state.tokens, train_loss=sum(state.recent) / len(state.recent),
+                       val_loss=val_loss, val_accuracy=val_accuracy, lr=lr)
+            state.curve.append(row)
             if on_eval is not None:
                 on_eval(row)
+        if checkpoint_dir is not None and (state.step % save_every == 0 or state.step == steps):
+            state.elapsed_s = time.perf_counter() - start
+            checkpoint.save(checkpoint_dir, model=model, spec=spec, optimizer=optimizer, state=state,
+                            generator=train_stream, fingerprint=fingerprint)
     wall = time.perf_counter() - start
-    last = curve[-1]
+    if checkpoint_dir is not None:
+        checkpoint.save_final(checkpoint_dir, model=model, spec=spec)
+    last = state.curve[-1]
     return TrialResult(train_loss=last["train_loss"], val_loss=last["val_loss"], val_accuracy=last["val_accuracy"],
-                       steps=steps, tokens=tokens,
-                       wall_time_s=wall, tokens_per_s=tokens / wall, curve=curve)
+                       steps=steps, tokens=state.tokens, wall_time_s=wall, tokens_per_s=state.tokens / wall,
+                       curve=state.curve)
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, source: Source, recipe: dict, *, seed: int) -> tuple[float, float]:
+def evaluate(model: torch.nn.Module, source: Source, recipe: dict, *, seed: int,
+             device: str | torch.device = "cpu", autocast: bool = False) -> tuple[float, float]:
     """Mean validation loss and accuracy over ``eval_batches`` batches, the same ones every call."""
     was_training = model.training
     model.eval()
     stream = torch.Generator().manual_seed(seed + 1_000_003)
     losses, hits, scored = [], 0, 0
     for _ in range(recipe["eval_batches"]):
-        batch = source.batch(split="val", batch_size=recipe["batch_size"], generator=stream)
-        logits_BTV = model(batch.inputs)
+        batch = _to(source.batch(split="val", batch_size=recipe["batch_size"], generator=stream), device)
+        with _autocast_context(device, autocast):
+            logits_BTV = model(batch.inputs)
         losses.append(_loss(logits_BTV, batch.targets).item())
         mask_BT = batch.targets != IGNORE
         hits += int((logits_BTV.argmax(-1) == batch.targets)[mask_BT].sum())
@@ -119,14 +139,65 @@ def training_loss(model: torch.nn.Module, batch) -> torch.Tensor:
     return _loss(model(batch.inputs), batch.targets)
 
 
+def _backward(model: torch.nn.Module, batch: Batch, *, grad_accum: int, device: torch.device, autocast: bool,
+              step: int) -> float:
+    """Backpropagate the batch's loss in ``grad_accum`` micro-batches; the loss, as a float.
+
+    Each micro-batch's mean loss is weighted by its share of the scored
+    targets, so the summed gradient is the full batch's (up to rounding).
+    """
+    micro = batch.inputs.shape[0] // grad_accum
+    scored = (batch.targets != IGNORE).sum().clamp(min=1)
+    total = 0.0
+    for index in range(grad_accum):
+        part = _to(Batch(inputs=batch.inputs[index * micro:(index + 1) * micro],
+                         targets=batch.targets[index * micro:(index + 1) * micro]), device)
+        with _autocast_context(device, autocast):
+            loss = training_loss(model, part)
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"training loss became {loss.item()} at step {step}; lower the lr")
+        if grad_accum > 1:
+            loss = loss * ((part.targets != IGNORE).sum().clamp(min=1) / scored).to(loss.device)
+        loss.backward()
+        total += loss.item()
+    return total
+
+
 def _loss(logits_BTV: torch.Tensor, targets_BT: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits_BTV.flatten(0, 1).float(), targets_BT.flatten(), ignore_index=IGNORE)
 
 
-def _adamw(model: torch.nn.Module, recipe: dict) -> torch.optim.AdamW:
-    # weight decay only on matrices: norms (1-d) are left alone
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.ndim < 2]
-    groups = [{"params": decay, "weight_decay": recipe["weight_decay"]},
-              {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=recipe["lr"], betas=(recipe["beta1"], recipe["beta2"]))
+def _to(batch: Batch, device: torch.device) -> Batch:
+    if batch.inputs.device == device:
+        return batch
+    return Batch(inputs=batch.inputs.to(device, non_blocking=True), targets=batch.targets.to(device, non_blocking=True))
+
+
+def _autocast(recipe: dict, device: torch.device) -> bool:
+    """bf16 autocast: always with ``bf16``, never with ``off``, on CUDA only with ``auto``."""
+    mode = recipe.get("autocast", "auto")
+    return mode == "bf16" or (mode == "auto" and device.type == "cuda")
+
+
+def _autocast_context(device: str | torch.device, enabled: bool):
+    if not enabled:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
+
+
+def _seq_len(source: Source) -> int:
+    """Positions per row: the source's ``seq_len``, or one probe batch's width."""
+    seq_len = getattr(source, "seq_len", None)
+    if seq_len is None:
+        seq_len = source.batch(split="train", batch_size=1, generator=torch.Generator().manual_seed(0)).inputs.shape[1]
+    return int(seq_len)
+
+
+def _fingerprint(spec: ArchSpec, recipe: dict, data: dict | Source, seed: int) -> str:
+    described = data if isinstance(data, dict) else type(data).__name__
+    blob = json.dumps({"spec": spec.to_dict(), "recipe": recipe, "data": described, "seed": seed},
+                      sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+__all__ = ["TrialResult", "evaluate", "lr_at", "train_trial", "training_loss"]

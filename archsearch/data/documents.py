@@ -1,0 +1,164 @@
+"""Documents from local files or a Hugging Face ``datasets`` corpus, and the split.
+
+A document is a name and its text. Its name decides its split (a hash, so the
+split is stable and never leaks a document across); for a plain text file the
+name is its path, for a row of a jsonl or parquet file the file and row (or the
+row's ``id_field``), for a hub corpus the dataset and row (or ``id_field``).
+
+Formats by suffix: ``.jsonl`` / ``.ndjson`` (one JSON object a line),
+``.parquet``; every other file is one document of text, and binary files
+(holding NUL bytes) are skipped. Text is decoded with ``surrogateescape`` so
+that byte-level tokens are the file's exact bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sysconfig
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from archsearch.errors import SpecError
+
+JSONL_SUFFIXES = (".jsonl", ".ndjson")
+PARQUET_SUFFIXES = (".parquet",)
+
+
+@dataclass(frozen=True)
+class Document:
+    name: str
+    text: str
+
+
+def stdlib_files() -> list[Path]:
+    """The standard library's .py files, sorted; installed packages excluded."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    return sorted(p for p in root.rglob("*.py")
+                  if "site-packages" not in p.parts and "dist-packages" not in p.parts)
+
+
+def text_files(paths: list[str]) -> list[Path]:
+    """The files named, and every non-hidden file under the folders named."""
+    out: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            out.extend(sorted(p for p in path.rglob("*")
+                              if p.is_file() and not any(part.startswith(".") for part in p.parts)))
+        elif path.is_file():
+            out.append(path)
+        else:
+            raise SpecError(f"text path '{raw}' does not exist", field="data.paths", hint="check the path")
+    return out
+
+
+def file_documents(files: Iterable[Path], *, text_field: str = "text",
+                   id_field: str | None = None) -> Iterator[Document]:
+    """Every document of ``files`` in order: one per text file, one per jsonl line or parquet row."""
+    for path in files:
+        suffix = path.suffix.lower()
+        if suffix in JSONL_SUFFIXES:
+            yield from _jsonl_documents(path, text_field, id_field)
+        elif suffix in PARQUET_SUFFIXES:
+            yield from _parquet_documents(path, text_field, id_field)
+        else:
+            data = path.read_bytes()
+            if b"\x00" not in data:  # binary files are not text
+                yield Document(str(path), data.decode("utf-8", "surrogateescape"))
+
+
+def hub_documents(*, name: str, config: str | None = None, split: str = "train",
+                  data_files: list[str] | None = None, revision: str | None = None, streaming: bool = True,
+                  text_field: str = "text", id_field: str | None = None) -> Iterator[Document]:
+    """The rows of a Hugging Face ``datasets`` corpus as documents, in the dataset's order.
+
+    Streaming reads rows as they arrive, so a corpus larger than the disk is
+    read only as far as ``max_bytes`` asks. Needs the ``datasets`` package.
+    """
+    try:
+        import datasets
+    except ImportError as err:  # optional dependency: fail at use, loudly
+        raise ImportError("hub corpora need the 'datasets' package: pip install 'archsearch[hub]'") from err
+    kwargs = {"split": split, "streaming": streaming}
+    if data_files is not None:
+        kwargs["data_files"] = data_files
+    if revision is not None:
+        kwargs["revision"] = revision
+    rows = datasets.load_dataset(name, config, **kwargs)
+    label = "/".join(part for part in (name, config, split) if part)
+    for index, row in enumerate(rows):
+        if text_field not in row:
+            raise SpecError(f"hub rows of {label} have no field '{text_field}' (fields: {', '.join(row)})",
+                            field="data.text_field", hint="name the text column")
+        yield Document(_row_name(label, index, row, id_field), row[text_field])
+
+
+def is_validation(name: str, fraction: float) -> bool:
+    """Whether the document called ``name`` belongs to the validation split (a hash, so stable)."""
+    digest = int.from_bytes(hashlib.sha1(name.encode("utf-8", "surrogateescape")).digest()[:4], "big")
+    return digest / 2**32 < fraction
+
+
+def split_documents(documents: Iterable[Document], *, val_fraction: float,
+                    max_bytes: int) -> tuple[list[str], list[str]]:
+    """Train and validation texts, in document order, reading at most ``max_bytes`` of UTF-8.
+
+    The last document read is cut to fit. Each split's byte count includes one
+    separator per document, as the corpus joins them with one.
+    """
+    splits: tuple[list[str], list[str]] = ([], [])
+    total = 0
+    for doc in documents:
+        data = doc.text.encode("utf-8", "surrogateescape")[: max_bytes - total]
+        splits[is_validation(doc.name, val_fraction)].append(data.decode("utf-8", "surrogateescape"))
+        total += len(data) + 1
+        if total >= max_bytes:
+            break
+    return splits
+
+
+def _jsonl_documents(path: Path, text_field: str, id_field: str | None) -> Iterator[Document]:
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise SpecError(f"{path}:{number}: not JSON ({err.msg})", field="data.paths",
+                                hint="jsonl holds one JSON object a line") from None
+            if not isinstance(row, dict) or text_field not in row:
+                raise SpecError(f"{path}:{number}: no field '{text_field}'", field="data.text_field",
+                                hint="name the field that holds the text")
+            yield Document(_row_name(str(path), number, row, id_field), row[text_field])
+
+
+def _parquet_documents(path: Path, text_field: str, id_field: str | None) -> Iterator[Document]:
+    import pyarrow.parquet as pq
+
+    table = pq.ParquetFile(path)
+    names = table.schema_arrow.names
+    if text_field not in names:
+        raise SpecError(f"{path} has no column '{text_field}' (columns: {', '.join(names)})",
+                        field="data.text_field", hint="name the text column")
+    columns = [text_field] + ([id_field] if id_field and id_field != text_field else [])
+    index = 0
+    for batch in table.iter_batches(columns=columns, batch_size=1024):
+        for row in batch.to_pylist():
+            yield Document(_row_name(str(path), index, row, id_field), row[text_field] or "")
+            index += 1
+
+
+def _row_name(where: str, index: int, row: dict, id_field: str | None) -> str:
+    if id_field is None:
+        return f"{where}#{index}"
+    if id_field not in row:
+        raise SpecError(f"{where}: row {index} has no field '{id_field}'", field="data.id_field",
+                        hint="name a column every row has, or leave id_field out")
+    return str(row[id_field])
+
+
+__all__ = ["Document", "file_documents", "hub_documents", "is_validation", "split_documents", "stdlib_files",
+           "text_files"]
