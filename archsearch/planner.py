@@ -40,13 +40,15 @@ class PlannedTrial:
     total_params: int
     flops_per_token: float  # training FLOPs per token at the study's seq_len
     state: int | None  # values kept per sequence at seq_len (None: no formula yet)
+    sweep_group: str | None  # trials differing only in lr share it (recipe.lr: {sweep: [...]})
     spec: ArchSpec
     recipe: dict
     data: dict
 
     def to_dict(self) -> dict:
         out = {k: getattr(self, k) for k in ("trial_id", "study", "axes", "seed", "match", "target", "achieved",
-                                            "match_error", "params", "total_params", "flops_per_token", "state")}
+                                            "match_error", "params", "total_params", "flops_per_token", "state",
+                                            "sweep_group")}
         out.update(family=self.spec.family, structure=self.spec.structure, d_model=self.spec.d_model,
                    num_layers=self.spec.num_layers, mlp_widths=list(self.spec.mlp_widths),
                    spec=self.spec.to_dict(), recipe=self.recipe, data=self.data)
@@ -61,16 +63,20 @@ def plan(study: Study) -> list[PlannedTrial]:
     """
     space, budget = study.space, study.budget
     vocab = vocab_size(study.data.model_dump())
-    recipe, data = study.recipe.model_dump(), study.data.model_dump()
+    recipes = _recipes(study.recipe.model_dump())
+    data = study.data.model_dump()
     seq_len = study.data.seq_len
     measure = _measure(budget.match, seq_len=seq_len, embeddings=budget.count_embeddings)
     trials, seen = [], set()
 
     def add(axes: dict, seed: int, match: str, target: float, achieved: float, spec: ArchSpec) -> None:
-        trial = _trial(study, axes, seed, match, target, achieved, spec, recipe, data, seq_len)
-        if trial.trial_id not in seen:
-            seen.add(trial.trial_id)
-            trials.append(trial)
+        group = trial_id(spec, dict(recipes[0], lr="sweep"), data, seed) if len(recipes) > 1 else None
+        for recipe in recipes:
+            arm_axes = dict(axes, lr=recipe["lr"]) if group else axes
+            trial = _trial(study, arm_axes, seed, match, target, achieved, spec, recipe, data, seq_len, group)
+            if trial.trial_id not in seen:
+                seen.add(trial.trial_id)
+                trials.append(trial)
 
     for point in expand(space):
         make = spec_maker(point, space.model, vocab_size=vocab)
@@ -90,6 +96,14 @@ def plan(study: Study) -> list[PlannedTrial]:
                 for seed in study.seeds:
                     add(axes, seed, match, arm_target, achieved, spec)
     return trials
+
+
+def _recipes(recipe: dict) -> list[dict]:
+    """One recipe per swept learning rate (or the recipe itself)."""
+    lr = recipe["lr"]
+    if isinstance(lr, dict):
+        return [dict(recipe, lr=value) for value in lr["sweep"]]
+    return [recipe]
 
 
 def _baseline_arm(protocol: str, point: dict, looped: ArchSpec, seq_len: int) -> tuple:
@@ -132,7 +146,7 @@ def trial_id(spec: ArchSpec, recipe: dict, data: dict, seed: int) -> str:
 
 
 def _trial(study: Study, axes: dict, seed: int, match: str, target: float, achieved: float, spec: ArchSpec,
-           recipe: dict, data: dict, seq_len: int) -> PlannedTrial:
+           recipe: dict, data: dict, seq_len: int, sweep_group: str | None) -> PlannedTrial:
     try:
         state = state_size(spec, seq_len=seq_len)
     except NotImplementedError:
@@ -141,7 +155,7 @@ def _trial(study: Study, axes: dict, seed: int, match: str, target: float, achie
         trial_id=trial_id(spec, recipe, data, seed), study=study.name, axes=axes, seed=seed, match=match,
         target=target, achieved=achieved, match_error=achieved / target - 1, params=count_params(spec),
         total_params=count_params(spec, embeddings=True), flops_per_token=flops_per_token(spec, seq_len=seq_len),
-        state=state, spec=spec, recipe=recipe, data=data)
+        state=state, sweep_group=sweep_group, spec=spec, recipe=recipe, data=data)
 
 
 def _budget_error(study: Study, index: int, point: dict, err: BudgetError) -> SpecError:

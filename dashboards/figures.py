@@ -14,10 +14,15 @@ from archsearch.analysis import pareto_front
 
 
 def varying_axes(rows: list[dict]) -> list[str]:
-    """Axis names whose value differs between trials, in first-seen order."""
+    """Axis names whose value differs between trials, in first-seen order.
+
+    A swept learning rate is tuning, not an arm, so it never splits a line.
+    """
     names: dict[str, set] = {}
     for row in rows:
         for name, value in row["axes"].items():
+            if name == "lr":
+                continue
             names.setdefault(name, set()).add(repr(value))
     return [name for name, values in names.items() if len(values) > 1]
 

@@ -21,8 +21,10 @@ DEFAULT_OBJECTIVES = [("val_loss", "min"), ("params", "min")]
 
 
 def completed_rows(store: Store, study: str | None) -> list[dict]:
-    """Completed trials of ``study`` (or all), with ``axes`` decoded."""
-    rows = [r for r in store.trials(study).to_pylist() if r["status"] == "completed"]
+    """Completed trials of ``study`` (or all), with ``axes`` decoded; of a
+    learning-rate sweep only each arm's best run."""
+    rows = [r for r in store.trials(study).to_pylist()
+            if r["status"] == "completed" and (r["sweep_group"] is None or r["sweep_best"])]
     for row in rows:
         row["axes"] = json.loads(row["axes"])
     return rows

@@ -82,3 +82,15 @@ def test_uniform_points_collapse_over_ratio(tmp_path, corpus):
     path.write_text(tiny_study_text(corpus=corpus))
     shapes = [t.axes["taper.shape"] for t in A.plan(A.load_study(path))]
     assert shapes.count("uniform") == 1 and shapes.count("cosine") == 2
+
+
+def test_a_learning_rate_sweep_plans_every_rate_per_arm(tiny_study):
+    text = tiny_study.read_text().replace("  warmup_steps: 2", "  warmup_steps: 2\n  lr: {sweep: [1.0e-3, 3.0e-3]}")
+    tiny_study.write_text(text)
+    trials = A.plan(A.load_study(tiny_study))
+    assert len(trials) == 3 * 2
+    groups: dict[str, list[float]] = {}
+    for trial in trials:
+        groups.setdefault(trial.sweep_group, []).append(trial.recipe["lr"])
+        assert trial.axes["lr"] == trial.recipe["lr"]
+    assert sorted(groups.values()) == [[1e-3, 3e-3]] * 3

@@ -51,3 +51,23 @@ def test_registering_again_keeps_finished_results(tmp_path):
 def test_reading_a_missing_store_says_how_to_fix(tmp_path):
     with pytest.raises(StoreError, match="run a study first"):
         A.open_store(tmp_path / "none.duckdb", read_only=True)
+
+
+def test_a_learning_rate_sweep_keeps_every_run_and_marks_the_best(tmp_path):
+    with A.open_store(tmp_path / "s.duckdb") as store:
+        store.add_study(name="s", path="s.yaml", config={})
+        rows = [dict(trial_row(name), sweep_group="g1") for name in ("lo", "mid", "hi")]
+        store.add_trials("s", rows + [trial_row("alone")])
+        for name, loss in (("lo", 3.0), ("mid", 2.2), ("hi", 2.9), ("alone", 2.0)):
+            store.finish(name, dict(RESULT, val_loss=loss))
+        best = {r["trial_id"]: r["sweep_best"] for r in store.trials("s").to_pylist()}
+    assert best == {"lo": False, "mid": True, "hi": False, "alone": None}
+
+
+def test_a_store_from_another_schema_is_refused(tmp_path):
+    import duckdb
+
+    path = tmp_path / "old.duckdb"
+    duckdb.connect(str(path)).execute("CREATE TABLE trials (trial_id VARCHAR)").close()
+    with pytest.raises(StoreError, match="another version"):
+        A.open_store(path)

@@ -130,6 +130,12 @@ class MixData(Strict):
 Data = Annotated[Union[TextData, MqarData, TaskData, MixData], Field(discriminator="kind")]
 
 
+class LrSweep(Strict):
+    """A small learning-rate sweep for every arm; the best run per arm counts."""
+
+    sweep: list[Annotated[float, Field(gt=0, le=1)]] = Field(min_length=1, max_length=32)
+
+
 class Recipe(Strict):
     """AdamW, warmup then cosine decay (or warmup-stable-decay), gradient clipping.
 
@@ -145,7 +151,9 @@ class Recipe(Strict):
         default=None, description='training tokens, or "20x" tokens per non-embedding parameter; overrides steps')
     batch_size: int = Field(default=16, ge=1)
     grad_accum: int = Field(default=1, ge=1, description="micro-batches per step; divides batch_size")
-    lr: float = Field(default=3e-3, gt=0, le=1)
+    lr: Union[Annotated[float, Field(gt=0, le=1)], LrSweep] = Field(
+        default=3e-3, description="peak learning rate, or {sweep: [...]}: every arm runs each and keeps its best, "
+                                  "so no family wins by being tuned better")
     schedule: Literal["cosine", "wsd"] = Field(
         default="cosine", description="cosine: decay from warmup on; wsd: constant, then decay_fraction linear decay")
     decay_fraction: float = Field(default=0.2, gt=0, le=1, description="wsd: share of steps spent decaying")

@@ -20,14 +20,19 @@ import pyarrow as pa
 
 from archsearch.errors import StoreError
 
+# Bump when a table changes shape; an older store is refused with a clear line.
+SCHEMA_VERSION = 1
+
 SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR);
 CREATE TABLE IF NOT EXISTS studies (
     name VARCHAR PRIMARY KEY, path VARCHAR, config JSON, code_version VARCHAR,
     created_at TIMESTAMPTZ, updated_at TIMESTAMPTZ);
 CREATE TABLE IF NOT EXISTS trials (
     trial_id VARCHAR PRIMARY KEY, family VARCHAR, axes JSON, seed INTEGER,
     match VARCHAR, target DOUBLE, params BIGINT, total_params BIGINT,
-    flops_per_token DOUBLE, match_error DOUBLE, d_model INTEGER, num_layers INTEGER,
+    flops_per_token DOUBLE, match_error DOUBLE, achieved DOUBLE, state BIGINT, d_model INTEGER,
+    num_layers INTEGER, sweep_group VARCHAR, sweep_best BOOLEAN,
     spec JSON, recipe JSON, data JSON,
     status VARCHAR, attempts INTEGER DEFAULT 0, error VARCHAR,
     train_loss DOUBLE, val_loss DOUBLE, val_accuracy DOUBLE, steps BIGINT, tokens BIGINT,
@@ -71,8 +76,23 @@ class Store:
             self.db = duckdb.connect(self.path, read_only=read_only)
         except duckdb.IOException as err:
             raise StoreError(f"cannot open store {self.path}: {str(err).splitlines()[0]}") from None
-        if not read_only:
+        tables = {row[0] for row in self.db.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+        if not read_only and not tables:  # a new store
             self.db.execute(SCHEMA)
+            self.db.execute("INSERT INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
+        self._check_version()
+
+    def _check_version(self) -> None:
+        try:
+            rows = self.db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchall()
+        except duckdb.CatalogException:
+            rows = []
+        row = rows[0] if rows else None
+        if row is None or row[0] != str(SCHEMA_VERSION):
+            self.db.close()
+            raise StoreError(f"{self.path} was written by another version of archsearch (schema "
+                             f"{row[0] if row else 'unknown'}, this one reads {SCHEMA_VERSION}); "
+                             "use a new --store path")
 
     def close(self) -> None:
         self.db.close()
@@ -97,14 +117,15 @@ class Store:
         """Register planned trials (``PlannedTrial.to_dict()`` rows); keeps finished ones as they are."""
         now = _now()
         rows = [[t["trial_id"], t["spec"]["family"], json.dumps(t["axes"]), t["seed"], t["match"], t["target"],
-                 t["params"], t["total_params"], t["flops_per_token"], t["match_error"], t["d_model"],
-                 t["num_layers"], json.dumps(t["spec"]), json.dumps(t["recipe"]), json.dumps(t["data"]),
-                 "planned", code_version(), now] for t in trials]
+                 t["params"], t["total_params"], t["flops_per_token"], t["match_error"], t.get("achieved"),
+                 t.get("state"), t["d_model"], t["num_layers"], t.get("sweep_group"), json.dumps(t["spec"]),
+                 json.dumps(t["recipe"]), json.dumps(t["data"]), "planned", code_version(), now] for t in trials]
         if rows:
             self.db.executemany(
                 "INSERT INTO trials (trial_id, family, axes, seed, match, target, params, total_params, "
-                "flops_per_token, match_error, d_model, num_layers, spec, recipe, data, status, code_version, "
-                "created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "flops_per_token, match_error, achieved, state, d_model, num_layers, sweep_group, spec, recipe, "
+                "data, status, code_version, created_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT (trial_id) DO NOTHING", rows)
             self.db.executemany("INSERT INTO study_trials VALUES (?, ?) ON CONFLICT DO NOTHING",
                                 [[study, t["trial_id"]] for t in trials])
@@ -122,12 +143,22 @@ class Store:
             [result["train_loss"], result["val_loss"], result["val_accuracy"], result["steps"], result["tokens"],
              result["wall_time_s"],
              result["tokens_per_s"], code_version(), _now(), trial_id])
+        self._mark_sweep_best(trial_id)
         self.db.execute("DELETE FROM metrics WHERE trial_id = ?", [trial_id])
         if result["curve"]:
             self.db.executemany("INSERT INTO metrics VALUES (?, ?, ?, ?, ?, ?, ?)",
                                 [[trial_id, r["step"], r["tokens"], r["train_loss"], r["val_loss"],
                                   r["val_accuracy"], r["lr"]]
                                  for r in result["curve"]])
+
+    def _mark_sweep_best(self, trial_id: str) -> None:
+        """Within a learning-rate sweep, mark the completed run with the lowest
+        validation loss as the one that counts; the others stay stored."""
+        self.db.execute(
+            "UPDATE trials SET sweep_best = (trial_id = (SELECT arg_min(trial_id, val_loss) FROM trials "
+            "WHERE sweep_group = g.sweep_group AND status = 'completed')) "
+            "FROM (SELECT sweep_group FROM trials WHERE trial_id = ?) g "
+            "WHERE trials.sweep_group = g.sweep_group AND trials.sweep_group IS NOT NULL", [trial_id])
 
     def fail(self, trial_id: str, error: str) -> None:
         self.db.execute("UPDATE trials SET status = 'failed', error = ?, finished_at = ? WHERE trial_id = ?",
