@@ -88,3 +88,48 @@ def test_failed_trials_are_recorded_and_retried_next_run(tmp_path, corpus):
     assert (again.skipped, again.failed) == (0, 1)
     with A.open_store(store, read_only=True) as db:
         assert db.trials().to_pylist()[0]["attempts"] == 2
+
+
+def test_a_preempted_trial_resumes_from_its_checkpoint(tmp_path, corpus):
+    """Stop a trial at its second evaluation (as a preemption would), then
+    run the study: the trial picks up the checkpoint the driver points it at
+    (training's own tests show a resume is exact; here the saved weights are
+    nudged, so only a run that really resumed can end elsewhere than a fresh
+    one); the trained model reloads from the store."""
+    import torch
+
+    from archsearch.execute.driver import checkpoint_dir
+    from archsearch.inspect import load_trained
+    from archsearch.train import train_trial
+    from tests.conftest import TINY_SPACE, tiny_study_text
+
+    (tmp_path / "space.yaml").write_text(TINY_SPACE.replace("shape: [uniform, cosine, reverse]", "shape: uniform"))
+    (tmp_path / "study.yaml").write_text(tiny_study_text(corpus=corpus))
+    study = A.load_study(tmp_path / "study.yaml")
+    (trial,) = A.plan(study)
+    store = tmp_path / "s.duckdb"
+    folder = checkpoint_dir(store, trial.trial_id)
+
+    class Preempted(Exception):
+        pass
+
+    def stop(row):  # the second evaluation: the first one's checkpoint is on disk
+        if row["step"] > 6:
+            raise Preempted
+
+    with pytest.raises(Preempted):
+        train_trial(spec=trial.spec, recipe=trial.recipe, data=trial.data, seed=trial.seed, checkpoint_dir=folder,
+                    on_eval=stop)
+    from safetensors.torch import load_file, save_file
+
+    (saved,) = folder.glob("step-*/model.safetensors")
+    weights = load_file(saved)
+    save_file({name: w + 0.05 * torch.randn_like(w) for name, w in weights.items()}, saved)
+    fresh = train_trial(spec=trial.spec, recipe=trial.recipe, data=trial.data, seed=trial.seed)
+    run_study(study, store=store, show_progress=False)
+    with A.open_store(store, read_only=True) as db:
+        row = db.trials().to_pylist()[0]
+    assert row["status"] == "completed" and row["val_loss"] != fresh.val_loss
+    model = load_trained(trial.trial_id, store=store)
+    tokens = torch.randint(0, 256, (1, 8))
+    assert model(tokens).shape == (1, 8, 256)

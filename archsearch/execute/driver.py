@@ -45,8 +45,8 @@ def run_study(study: Study, *, store: str | Path = "archsearch.duckdb", address:
         todo = [t for t in trials if t.trial_id not in done]
         completed = failed = 0
         if todo:
-            completed, failed = _run_on_ray(todo, db, study, address=address, max_parallel=max_parallel,
-                                            show_progress=show_progress)
+            completed, failed = _run_on_ray(todo, db, study, store=store, address=address,
+                                            max_parallel=max_parallel, show_progress=show_progress)
     return RunSummary(study=study.name, planned=len(trials), skipped=len(trials) - len(todo),
                       completed=completed, failed=failed, wall_time_s=time.perf_counter() - start)
 
@@ -57,11 +57,20 @@ def _trial_task(payload: dict) -> dict:
     from archsearch.train import train_trial
 
     result = train_trial(spec=ArchSpec.from_dict(payload["spec"]), recipe=payload["recipe"],
-                         data=payload["data"], seed=payload["seed"], threads=payload["threads"])
+                         data=payload["data"], seed=payload["seed"], threads=payload["threads"],
+                         checkpoint_dir=payload["checkpoint_dir"])
     return result.to_dict()
 
 
-def _run_on_ray(todo: list[PlannedTrial], db: Store, study: Study, *, address: str | None,
+def checkpoint_dir(store: str | Path, trial_id: str) -> Path:
+    """Where a trial keeps its checkpoints and final model: beside the store,
+    so a rerun of the study finds them (on a cluster, put the store on shared
+    storage)."""
+    store = Path(store).resolve()
+    return store.parent / f"{store.stem}.checkpoints" / trial_id
+
+
+def _run_on_ray(todo: list[PlannedTrial], db: Store, study: Study, *, store: str | Path, address: str | None,
                 max_parallel: int | None, show_progress: bool) -> tuple[int, int]:
     import ray
 
@@ -77,13 +86,13 @@ def _run_on_ray(todo: list[PlannedTrial], db: Store, study: Study, *, address: s
         width = max_parallel or (execution.max_parallel if execution.max_parallel != "auto" else 0)
         width = max(1, width or cpus // threads)
         task = ray.remote(num_cpus=min(threads, cpus), max_retries=execution.retries)(_trial_task)
-        return _drain(todo, db, task, width=width, threads=threads, show_progress=show_progress)
+        return _drain(todo, db, task, store=store, width=width, threads=threads, show_progress=show_progress)
     finally:
         if owns_ray:
             ray.shutdown()
 
 
-def _drain(todo: list[PlannedTrial], db: Store, task: Any, *, width: int, threads: int,
+def _drain(todo: list[PlannedTrial], db: Store, task: Any, *, store: str | Path, width: int, threads: int,
            show_progress: bool) -> tuple[int, int]:
     import ray
 
@@ -98,7 +107,8 @@ def _drain(todo: list[PlannedTrial], db: Store, task: Any, *, width: int, thread
                 trial = queue.pop(0)
                 db.mark_running(trial.trial_id)
                 payload = dict(spec=trial.spec.to_dict(), recipe=trial.recipe, data=trial.data,
-                               seed=trial.seed, threads=threads)
+                               seed=trial.seed, threads=threads,
+                               checkpoint_dir=str(checkpoint_dir(store, trial.trial_id)))
                 running[task.remote(payload)] = trial
             progress.update(completed=completed, running=len(running), failed=failed)
             ready, _ = ray.wait(list(running), num_returns=1, timeout=0.5)

@@ -1,0 +1,27 @@
+"""Analyses of trained models, loaded from their checkpoints (imports torch)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from torch import nn
+
+from archsearch.execute.driver import checkpoint_dir
+from archsearch.store import open_store
+from archsearch.train.checkpoint import load_model
+
+
+def load_trained(trial_id: str, *, store: str | Path = "archsearch.duckdb", device: str = "cpu") -> nn.Module:
+    """The trained model of ``trial_id`` from a store, in eval mode.
+
+    Raises FileNotFoundError when the trial has no checkpoint (not run yet, or
+    run before checkpoints were kept).
+    """
+    with open_store(store, read_only=True) as db:
+        found = db.sql("SELECT status FROM trials WHERE trial_id = ?", [trial_id]).to_pylist()
+    if not found:
+        raise FileNotFoundError(f"no trial {trial_id} in {store}; see `archsearch status --store {store}`")
+    return load_model(checkpoint_dir(store, trial_id), device=device)
+
+
+__all__ = ["load_trained"]
