@@ -98,7 +98,7 @@ def test_a_preempted_trial_resumes_from_its_checkpoint(tmp_path, corpus):
     one); the trained model reloads from the store."""
     import torch
 
-    from archsearch.execute.driver import checkpoint_dir
+    from archsearch.store import checkpoint_dir
     from archsearch.inspect import load_trained
     from archsearch.train import train_trial
     from tests.conftest import TINY_SPACE, tiny_study_text

@@ -15,7 +15,7 @@ from typing import Any
 
 from archsearch.planner import PlannedTrial, plan
 from archsearch.space.schema import Study
-from archsearch.store import Store, open_store
+from archsearch.store import Store, checkpoint_dir, open_store
 
 
 @dataclass(frozen=True)
@@ -61,13 +61,6 @@ def _trial_task(payload: dict) -> dict:
                          checkpoint_dir=payload["checkpoint_dir"])
     return result.to_dict()
 
-
-def checkpoint_dir(store: str | Path, trial_id: str) -> Path:
-    """Where a trial keeps its checkpoints and final model: beside the store,
-    so a rerun of the study finds them (on a cluster, put the store on shared
-    storage)."""
-    store = Path(store).resolve()
-    return store.parent / f"{store.stem}.checkpoints" / trial_id
 
 
 def _run_on_ray(todo: list[PlannedTrial], db: Store, study: Study, *, store: str | Path, address: str | None,

@@ -6,8 +6,7 @@ from pathlib import Path
 
 from torch import nn
 
-from archsearch.execute.driver import checkpoint_dir
-from archsearch.store import open_store
+from archsearch.store import checkpoint_dir, open_store
 from archsearch.train.checkpoint import load_model
 
 

@@ -1,5 +1,5 @@
 """The results store (DuckDB, Parquet export). Torch-free."""
 
-from archsearch.store.duck import Store, code_version, open_store
+from archsearch.store.duck import Store, checkpoint_dir, code_version, open_store
 
-__all__ = ["Store", "code_version", "open_store"]
+__all__ = ["Store", "checkpoint_dir", "code_version", "open_store"]

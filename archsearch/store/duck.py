@@ -208,6 +208,14 @@ class Store:
         return out
 
 
+def checkpoint_dir(store: str | Path, trial_id: str) -> Path:
+    """Where a trial keeps its checkpoints and final model: beside the store,
+    so a rerun of the study finds them (on a cluster, put the store on shared
+    storage)."""
+    store = Path(store).resolve()
+    return store.parent / f"{store.stem}.checkpoints" / trial_id
+
+
 def open_store(path: str | Path = "archsearch.duckdb", *, read_only: bool = False,
                must_exist: bool = False) -> Store:
     """Open (or create) the store at ``path``."""
