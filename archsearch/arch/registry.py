@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from archsearch.arch.blocks import MIXERS, MLPS, Block, mixer, mlp
 from archsearch.arch.spec import ArchSpec
-from archsearch.arch.structures import stack
+from archsearch.arch.structures import gpn, hrm, looped, memory, stack
 
 
 def _state_unknown(spec: ArchSpec, seq_len: int) -> int:
@@ -33,6 +33,12 @@ class Structure:
 
 STRUCTURES: dict[str, Structure] = {
     "stack": Structure(stack.Stack, stack.params, stack.flops, stack.mixing, stack.state),
+    "looped": Structure(looped.Looped, looped.params, looped.flops, looped.mixing, looped.state),
+    "memory": Structure(memory.MemoryStack, memory.params, memory.flops, memory.mixing, memory.state),
+    "gpn": Structure(gpn.GPN, gpn.params, gpn.flops, gpn.mixing, gpn.state),
+    "gpn_m": Structure(gpn.GPN, gpn.params, gpn.flops, gpn.mixing, gpn.state),
+    "hrm": Structure(hrm.HRM, hrm.hrm_params, hrm.hrm_flops, hrm.hrm_mixing, hrm.hrm_state),
+    "universal": Structure(hrm.Universal, hrm.ut_params, hrm.ut_flops, hrm.ut_mixing, hrm.ut_state),
 }
 
 

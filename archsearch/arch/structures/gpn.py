@@ -1,0 +1,309 @@
+"""Grounded Prediction Networks: GPN and GPN+M (Wang 2026, https://arxiv.org/abs/2605.10643).
+
+One state vector per sequence, revisited once per token by the same N recurrent
+layers (N = 1 or 2 in the paper). Per token t, with s^p the predicted state and
+s^g the grounded one (both zero before the first token):
+
+    s^g_t = Gate_f(s^p_{t-1}) * s^p_{t-1} + W_fuse RMSNorm(E x_t)      # ground with the token
+    M_t   = MemWrite(s^g_{t-1}, s^g_t, M_{t-1})                         # GPN+M only, once per token
+    c = s^g_t;  for each layer i:  c = Gate_i(c) * c + FFN_i(c) + MemRead_i(c, M_t)
+    s^p_t = c;  logits_t = E W_dec RMSNorm(s^p_t)                       # predicts x_{t+1}
+
+Gate(x) = sigmoid(W RMSNorm(x) + b), a full D x D matrix. FFN is SwiGLU with the
+layer's ``mlp_width``. The memory is one gated-delta-rule matrix per head, shared
+by every layer: written once per token (key from the previous grounded state,
+value from the current one) and read by each layer with its own query.
+The paper's code (repo ``steve-z-wang/grounded-prediction-network``,
+``src/jax/models/sot_m/model.py``) indexes the same recurrence one step later:
+its step 0 predicts x_0 from the zero state. Here, as in every archsearch model,
+the logits at t see tokens <= t and predict x_{t+1}.
+
+The embedding width equals d_model (the paper's d_emb is unstated and differs
+from d); W_fuse and W_dec are then D x D maps kept as in the paper, so the tied
+embedding still plays different roles in and out. ``paper_params`` counts the
+general d_emb != d case for the paper's sizes.
+
+Dimensions: B batch, T time, D state (d_model), F FFN width, V vocabulary,
+H memory heads, K key dim, W value dim (W, not V, to keep V for the vocabulary).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from archsearch.arch.blocks import swiglu
+from archsearch.arch.spec import ArchSpec, LayerSpec
+from archsearch.arch.structures.stack import LanguageModel
+
+MIXER = "gpn"
+
+
+@dataclass(frozen=True, kw_only=True)
+class GPNOptions:
+    """The options of "gpn" and "gpn_m", checked.
+
+    ``layers``: the number of recurrent layers, 1 or 2 in the paper; it must
+    equal ``len(spec.layers)`` (the spec holds one LayerSpec per layer, so the
+    option may be left out). GPN+M only: ``mem_heads`` (default 4),
+    ``mem_key_dim`` (default 3D / (4 mem_heads), at least 1) and
+    ``mem_value_dim`` (default 2 mem_key_dim): the paper's headline
+    H=15, K=128, W=256 at D=2496 (H K ~ 0.75 D, W = 2K), scaled down.
+    """
+
+    layers: int
+    mem_heads: int | None = None
+    mem_key_dim: int | None = None
+    mem_value_dim: int | None = None
+
+    @property
+    def memory(self) -> tuple[int, int, int] | None:
+        """(H, K, W), or None for GPN."""
+        return None if self.mem_heads is None else (self.mem_heads, self.mem_key_dim, self.mem_value_dim)
+
+
+def gpn_options(spec: ArchSpec) -> GPNOptions:
+    """Parse and check ``spec.options`` and ``spec.layers``; a ValueError names what is wrong."""
+    with_memory = spec.structure == "gpn_m"
+    known = {"layers"} | ({"mem_heads", "mem_key_dim", "mem_value_dim"} if with_memory else set())
+    unknown = set(spec.options) - known
+    if unknown:
+        raise ValueError(f"{spec.structure}: unknown options {sorted(unknown)}; known: {sorted(known)}")
+    layers = spec.options.get("layers", spec.num_layers)
+    if layers != spec.num_layers or spec.num_layers < 1:
+        raise ValueError(f"{spec.structure}: options['layers']={layers} must equal len(spec.layers)="
+                         f"{spec.num_layers} (>= 1)")
+    for layer in spec.layers:
+        if layer.mixer != MIXER or layer.mlp != "swiglu" or layer.mlp_width < 1:
+            raise ValueError(f"{spec.structure}: layers are LayerSpec(mixer='gpn', mlp='swiglu', mlp_width > 0); "
+                             f"got {layer}")
+    if not with_memory:
+        return GPNOptions(layers=layers)
+    heads = spec.options.get("mem_heads", 4)
+    key_dim = spec.options.get("mem_key_dim", max(1, 3 * spec.d_model // (4 * max(1, heads))))
+    value_dim = spec.options.get("mem_value_dim", 2 * key_dim)
+    if not all(isinstance(n, int) and n >= 1 for n in (heads, key_dim, value_dim)):
+        raise ValueError(f"gpn_m: mem_heads, mem_key_dim, mem_value_dim must be ints >= 1; got "
+                         f"{(heads, key_dim, value_dim)}")
+    return GPNOptions(layers=layers, mem_heads=heads, mem_key_dim=key_dim, mem_value_dim=value_dim)
+
+
+def l2_normalize(x: torch.Tensor) -> torch.Tensor:
+    """x / sqrt(sum x^2 + 1e-12) over the last axis, as the paper's code (zero stays zero)."""
+    return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + 1e-12)
+
+
+class Gate(nn.Module):
+    """``sigmoid(W RMSNorm(x) + b)``: [B, D] -> [B, D]; W, b zero-initialised (gate 0.5)."""
+
+    def __init__(self, *, spec: ArchSpec):
+        super().__init__()
+        self.norm = nn.RMSNorm(spec.d_model, eps=spec.norm_eps)
+        self.proj = nn.Linear(spec.d_model, spec.d_model)
+
+    def forward(self, x_BD: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self.proj(self.norm(x_BD)))
+
+
+class MemoryWrite(nn.Module):
+    """One gated-delta-rule write per token into M [B, H, K, W] (fp32).
+
+    Unlike Gated DeltaNet (kernels/gated_delta), the recalled value is read from
+    the *undecayed* memory, as in the paper's code:
+    ``M_t = a M_{t-1} + beta k (v - M_{t-1}^T k)^T``.
+    """
+
+    def __init__(self, *, spec: ArchSpec, memory: tuple[int, int, int]):
+        super().__init__()
+        d = spec.d_model
+        self.heads, self.key_dim, self.value_dim = H, K, W = memory
+        self.norm = nn.RMSNorm(d, eps=spec.norm_eps)
+        self.key = nn.Linear(d, H * K)
+        self.value_beta_decay = nn.Linear(d, H * W + 2 * H, bias=False)
+        self.A_log = nn.Parameter(torch.zeros(H))
+        self.dt_bias = nn.Parameter(torch.zeros(H))
+
+    def forward(self, prev_BD: torch.Tensor, now_BD: torch.Tensor, M_BHKW: torch.Tensor) -> torch.Tensor:
+        B, H, K, W = M_BHKW.shape
+        k_BHK = l2_normalize(F.relu(self.key(self.norm(prev_BD))).view(B, H, K)).float()
+        v_flat, beta_BH, a_BH = self.value_beta_decay(self.norm(now_BD)).float().split([H * W, H, H], dim=-1)
+        v_BHW = v_flat.view(B, H, W)
+        beta_BH = torch.sigmoid(beta_BH)
+        decay_BH = torch.exp(-self.A_log.float().exp() * F.softplus(a_BH + self.dt_bias.float()))
+        recalled_BHW = torch.einsum("bhkw,bhk->bhw", M_BHKW, k_BHK)
+        written_BHKW = k_BHK[..., None] * (beta_BH[..., None] * (v_BHW - recalled_BHW))[:, :, None, :]
+        return decay_BH[..., None, None] * M_BHKW + written_BHKW
+
+
+class MemoryRead(nn.Module):
+    """``W_o (SiLU(W_g RMSNorm(c)) * RMSNorm(M q))`` with q = l2norm(ReLU(W_q RMSNorm(c) + b))."""
+
+    def __init__(self, *, spec: ArchSpec, memory: tuple[int, int, int]):
+        super().__init__()
+        d = spec.d_model
+        H, K, W = memory
+        self.norm = nn.RMSNorm(d, eps=spec.norm_eps)
+        self.query = nn.Linear(d, H * K)
+        self.gate = nn.Linear(d, H * W, bias=False)
+        self.out_norm = nn.RMSNorm(H * W, eps=spec.norm_eps)
+        self.out = nn.Linear(H * W, d, bias=False)
+
+    def forward(self, c_BD: torch.Tensor, M_BHKW: torch.Tensor) -> torch.Tensor:
+        B, H, K, W = M_BHKW.shape
+        h_BD = self.norm(c_BD)
+        q_BHK = l2_normalize(F.relu(self.query(h_BD)).view(B, H, K)).float()
+        o_BHW = torch.einsum("bhkw,bhk->bhw", M_BHKW, q_BHK).to(c_BD.dtype)
+        return self.out(F.silu(self.gate(h_BD)) * self.out_norm(o_BHW.reshape(B, H * W)))
+
+
+class GPNLayer(nn.Module):
+    """``c = Gate(c) * c + FFN(c) [+ MemRead(c, M)]``: FFN, gate and read all see the same c."""
+
+    def __init__(self, *, spec: ArchSpec, layer: LayerSpec, memory: tuple[int, int, int] | None):
+        super().__init__()
+        self.ffn_norm = nn.RMSNorm(spec.d_model, eps=spec.norm_eps)
+        self.ffn = swiglu.SwiGLU(spec=spec, layer=layer)
+        self.keep = Gate(spec=spec)
+        self.read = None if memory is None else MemoryRead(spec=spec, memory=memory)
+
+    def forward(self, c_BD: torch.Tensor, M_BHKW: torch.Tensor | None) -> torch.Tensor:
+        update_BD = self.ffn(self.ffn_norm(c_BD))
+        if self.read is not None:
+            update_BD = update_BD + self.read(c_BD, M_BHKW)
+        return self.keep(c_BD) * c_BD + update_BD
+
+
+class GPN(LanguageModel):
+    """GPN, or GPN+M when ``spec.structure == "gpn_m"``: tokens [B, T] -> logits [B, T, V],
+    sequential over T (no time-parallel form: the FFN and gates depend on the state)."""
+
+    def __init__(self, spec: ArchSpec):
+        super().__init__(spec)
+        memory = gpn_options(spec).memory
+        d = spec.d_model
+        self.fuse_norm = nn.RMSNorm(d, eps=spec.norm_eps)
+        self.fuse = nn.Linear(d, d, bias=False)
+        self.fuse_keep = Gate(spec=spec)
+        self.write = None if memory is None else MemoryWrite(spec=spec, memory=memory)
+        self.layers = nn.ModuleList(GPNLayer(spec=spec, layer=layer, memory=memory) for layer in spec.layers)
+        self.decode = nn.Linear(d, d, bias=False)
+        self.apply(_init_paper)
+
+    def states(self, tokens_BT: torch.Tensor) -> torch.Tensor:
+        """The predicted states s^p_t for every t: [B, T, D]."""
+        B, T = tokens_BT.shape
+        grounding_BTD = self.fuse(self.fuse_norm(self.embed(tokens_BT)))  # no state in it: all t at once
+        predicted_BD = grounding_BTD.new_zeros(B, self.spec.d_model)
+        grounded_prev_BD = torch.zeros_like(predicted_BD)
+        M_BHKW = None
+        if self.write is not None:
+            w = self.write
+            M_BHKW = predicted_BD.new_zeros(B, w.heads, w.key_dim, w.value_dim, dtype=torch.float32)
+        predicted = []
+        for t in range(T):
+            grounded_BD = self.fuse_keep(predicted_BD) * predicted_BD + grounding_BTD[:, t]
+            if self.write is not None:
+                M_BHKW = self.write(grounded_prev_BD, grounded_BD, M_BHKW)
+            c_BD = grounded_BD
+            for layer in self.layers:
+                c_BD = layer(c_BD, M_BHKW)
+            predicted.append(c_BD)
+            predicted_BD, grounded_prev_BD = c_BD, grounded_BD
+        return torch.stack(predicted, dim=1)
+
+    def forward(self, tokens_BT: torch.Tensor) -> torch.Tensor:
+        # the paper's factorised tied head: E W_dec RMSNorm(s^p); self.norm is that RMSNorm
+        x_BTD = self.decode(self.norm(self.states(tokens_BT)))
+        weight_VD = self.embed.weight if self.head is None else self.head.weight
+        return x_BTD @ weight_VD.T
+
+
+def _init_paper(module: nn.Module) -> None:
+    """The paper's init: LeCun-normal matrices, zero gates (sigmoid 0.5) and FFN outputs,
+    N(0, 0.02) memory read-out and embedding, Mamba-style decay parameters."""
+    if isinstance(module, nn.Embedding):
+        nn.init.normal_(module.weight, std=0.02)
+    elif isinstance(module, nn.Linear):
+        std = module.in_features ** -0.5
+        nn.init.trunc_normal_(module.weight, std=std, a=-2 * std, b=2 * std)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+    if isinstance(module, Gate):
+        nn.init.zeros_(module.proj.weight)
+    elif isinstance(module, swiglu.SwiGLU):
+        nn.init.zeros_(module.down.weight)
+    elif isinstance(module, MemoryRead):
+        nn.init.normal_(module.out.weight, std=0.02)
+    elif isinstance(module, MemoryWrite):
+        with torch.no_grad():
+            module.A_log.copy_(torch.empty_like(module.A_log).uniform_(0, 16).clamp_min(1e-8).log())
+            dt = torch.exp(torch.rand_like(module.dt_bias) * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3))
+            dt = dt.clamp_min(1e-4)
+            module.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # inverse softplus
+    elif isinstance(module, LanguageModel) and module.head is not None:
+        nn.init.normal_(module.head.weight, std=0.02)
+
+
+def paper_params(*, vocab_size: int, d_state: int, d_emb: int, ffn_widths: tuple[int, ...],
+                 memory: tuple[int, int, int] | None) -> int:
+    """Every parameter of a GPN(+M) with a tied embedding of width ``d_emb``, as in
+    papers.md section 4 (``memory`` = (H, K, W), None for GPN). With d_emb = d_state
+    this is what ``GPN`` builds; the paper's headline 1L GPN+M is
+    ``paper_params(vocab_size=32000, d_state=2496, d_emb=768, ffn_widths=(6656,),
+    memory=(15, 128, 256))`` = 129.15M."""
+    d, e = d_state, d_emb
+    gate = d * d + 2 * d  # its RMSNorm, W and b
+    total = vocab_size * e + (d + d * e) + (e + e * d + gate)  # embedding, decoder, fuse and its gate
+    if memory is not None:
+        H, K, W = memory
+        total += d + (d * H * K + H * K) + d * (H * W + 2 * H) + 2 * H  # the shared write
+    for width in ffn_widths:
+        total += (d + 3 * d * width) + gate
+        if memory is not None:
+            total += d + (d * H * K + H * K) + d * H * W + H * W + H * W * d  # this layer's read
+    return total
+
+
+def params(spec: ArchSpec) -> int:
+    """Non-embedding: ``paper_params`` less the tied embedding (an untied head is
+    counted by the caller, as for every structure)."""
+    total = paper_params(vocab_size=spec.vocab_size, d_state=spec.d_model, d_emb=spec.d_model,
+                         ffn_widths=spec.mlp_widths, memory=gpn_options(spec).memory)
+    return total - spec.vocab_size * spec.d_model
+
+
+def mixing(spec: ArchSpec, seq_len: int) -> float:
+    """Memory work per token, which torch sees as einsums, not Linear: the write
+    (recall M^T k 2HKW, decay HKW, outer product HKW, add HKW) and one read
+    (M q, 2HKW) per layer; 0 for GPN. Gates, norms and activations are not counted."""
+    memory = gpn_options(spec).memory
+    if memory is None:
+        return 0.0
+    H, K, W = memory
+    return float(5 * H * K * W + spec.num_layers * 2 * H * K * W)
+
+
+def flops(spec: ArchSpec, seq_len: int) -> float:
+    """Forward FLOPs per token, LM head excluded, independent of ``seq_len``: 2 per
+    Linear weight (each Linear runs once per token; biases and the embedding lookup
+    are free) plus ``mixing``."""
+    d, memory = spec.d_model, gpn_options(spec).memory
+    matrices = 3 * d * d  # fuse, fuse gate, decoder
+    for width in spec.mlp_widths:
+        matrices += 3 * d * width + d * d  # FFN, keep gate
+    if memory is not None:
+        H, K, W = memory
+        matrices += d * H * K + d * (H * W + 2 * H)  # the write
+        matrices += spec.num_layers * (d * H * K + 2 * d * H * W)  # the reads: query, gate, out
+    return 2.0 * matrices + mixing(spec, seq_len)
+
+
+def state(spec: ArchSpec, seq_len: int) -> int:
+    """Values a sequence keeps, independent of ``seq_len``: the predicted state and
+    the previous grounded one (2D), plus the memory (H K W) for GPN+M."""
+    memory = gpn_options(spec).memory
+    return 2 * spec.d_model + (0 if memory is None else memory[0] * memory[1] * memory[2])

@@ -1,0 +1,211 @@
+"""Looped model: a group of k distinct layers applied L times with shared weights.
+
+Saunshi et al., "Reasoning with Latent Thoughts" (https://arxiv.org/abs/2502.17416)
+write this k⊗L. ``spec.layers`` are the k layers of the group and
+``spec.options["loops"]`` is L. Optional pieces:
+
+- ``inject``: input injection, the embedding is added back to the residual
+  stream at the start of every loop after the first.
+- ``exit_gate``: an Ouro-style exit gate (https://arxiv.org/abs/2510.25741).
+  After loop r < L one linear gate, shared by all loops, reads the normed
+  hidden state and gives lambda_r = sigmoid(w . norm(h_r) + b) per token. The
+  exit distribution is p(r) = lambda_r * prod_{s<r} (1 - lambda_s), and the last
+  loop takes the remaining mass. ``training_loss`` is
+  sum_r p(r) * CE_r - beta * H(p), averaged over the scored tokens.
+- ``exit_threshold`` (eval only): a token exits after the first loop whose
+  cumulative exit probability reaches the threshold; its hidden state is
+  frozen for the later loops. Mixers whose forward takes ``skip_BT`` (Mamba)
+  get the mask of frozen tokens; attention just sees the frozen states.
+- ``cache_hole`` (training only): each token, with probability p, draws its
+  exit loop from the gate (a Bernoulli(lambda_r) draw after each loop, which
+  is a draw from p(r)) and is frozen after it, so training sees the skipped
+  states inference will produce. The draws are detached: no gradient flows
+  through the sampling, only through the expected loss over p(r).
+
+Dimensions: B batch, T time, D model width, V vocabulary, L loops.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, fields
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from archsearch.arch.spec import ArchSpec
+from archsearch.arch.structures import stack
+from archsearch.arch.structures.stack import LanguageModel, Layer, init_weights
+from archsearch.data import IGNORE
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoopOptions:
+    """The options of the "looped" structure, checked.
+
+    ``loops`` >= 1 (required); ``exit_entropy`` >= 0; ``exit_threshold`` in
+    (0, 1] or None; ``cache_hole`` in [0, 1]. The last two need ``exit_gate``.
+    """
+
+    loops: int
+    inject: bool = False
+    exit_gate: bool = False
+    exit_entropy: float = 0.05
+    exit_threshold: float | None = None
+    cache_hole: float = 0.0
+
+
+def loop_options(spec: ArchSpec) -> LoopOptions:
+    """Parse and check ``spec.options``; a ValueError names what is wrong."""
+    known = {f.name for f in fields(LoopOptions)}
+    unknown = set(spec.options) - known
+    if unknown:
+        raise ValueError(f"looped: unknown options {sorted(unknown)}; known: {sorted(known)}")
+    if "loops" not in spec.options:
+        raise ValueError("looped: options['loops'] is required (an int >= 1)")
+    opts = LoopOptions(**spec.options)
+    if not isinstance(opts.loops, int) or opts.loops < 1:
+        raise ValueError(f"looped: loops must be an int >= 1, got {opts.loops!r}")
+    if opts.exit_entropy < 0:
+        raise ValueError(f"looped: exit_entropy must be >= 0, got {opts.exit_entropy}")
+    if opts.exit_threshold is not None and not 0 < opts.exit_threshold <= 1:
+        raise ValueError(f"looped: exit_threshold must be in (0, 1], got {opts.exit_threshold}")
+    if not 0 <= opts.cache_hole <= 1:
+        raise ValueError(f"looped: cache_hole must be in [0, 1], got {opts.cache_hole}")
+    if (opts.exit_threshold is not None or opts.cache_hole > 0) and not opts.exit_gate:
+        raise ValueError("looped: exit_threshold and cache_hole need exit_gate=True")
+    return opts
+
+
+def exit_distribution(lambdas: list[torch.Tensor]) -> torch.Tensor:
+    """Exit probabilities over loops from the L-1 gate outputs, each [...].
+
+    p(r) = lambda_r * prod_{s<r}(1 - lambda_s) for r < L-1; the last loop takes
+    prod_{s<L-1}(1 - lambda_s). Returns [..., L]; sums to 1 by telescoping.
+    """
+    survive = torch.ones_like(lambdas[0]) if lambdas else None
+    probs = []
+    for lam in lambdas:
+        probs.append(survive * lam)
+        survive = survive * (1 - lam)
+    if survive is None:
+        raise ValueError("exit_distribution needs at least one gate output (loops >= 2)")
+    return torch.stack(probs + [survive], dim=-1)
+
+
+def _takes_skip(module: nn.Module) -> bool:
+    return "skip_BT" in inspect.signature(module.forward).parameters
+
+
+class Looped(LanguageModel):
+    """k shared layers applied ``loops`` times; optional injection and exit gate."""
+
+    def __init__(self, spec: ArchSpec):
+        super().__init__(spec)
+        self.options = loop_options(spec)
+        self.layers = nn.ModuleList(Layer(spec=spec, layer=layer) for layer in spec.layers)
+        # one gate shared by every loop: D + 1 parameters
+        self.exit_gate = nn.Linear(spec.d_model, 1) if self.options.exit_gate else None
+        self._skip_aware = [_takes_skip(layer.mixer) for layer in self.layers]
+        self.apply(init_weights)
+
+    def _group(self, x_BTD: torch.Tensor, skip_BT: torch.Tensor | None) -> torch.Tensor:
+        """One pass through the k shared layers (``Layer.forward``, plus the skip mask)."""
+        for layer, skip_aware in zip(self.layers, self._skip_aware):
+            if skip_BT is None:
+                x_BTD = layer(x_BTD)
+                continue
+            mixer_kwargs = {"skip_BT": skip_BT} if skip_aware else {}
+            x_BTD = x_BTD + layer.mixer(layer.mixer_norm(x_BTD), **mixer_kwargs)
+            if layer.has_mlp:
+                x_BTD = x_BTD + layer.mlp(layer.mlp_norm(x_BTD))
+        return x_BTD
+
+    def loops(self, e_BTD: torch.Tensor, *, keep_all: bool = False) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Run every loop from the embeddings ``e_BTD``.
+
+        Returns the hidden states after each loop ([B, T, D] each; only the
+        last unless ``keep_all``) and the gate outputs lambda_r [B, T] for
+        loops r < L (empty without a gate). Frozen tokens keep their state.
+        """
+        opts = self.options
+        exit_mode = (opts.exit_threshold is not None and not self.training) or (opts.cache_hole > 0 and self.training)
+        exited_BT = torch.zeros(e_BTD.shape[:2], dtype=torch.bool, device=e_BTD.device) if exit_mode else None
+        if exit_mode and self.training:
+            # which tokens take a sampled exit this step; the rest run every loop
+            sampled_BT = torch.rand(e_BTD.shape[:2], device=e_BTD.device) < opts.cache_hole
+        survive_BT = torch.ones(e_BTD.shape[:2], device=e_BTD.device)
+        h_BTD, states, lambdas = e_BTD, [], []
+        for r in range(opts.loops):
+            x_BTD = h_BTD + e_BTD if (opts.inject and r > 0) else h_BTD
+            out_BTD = self._group(x_BTD, exited_BT)
+            h_BTD = out_BTD if exited_BT is None else torch.where(exited_BT[..., None], h_BTD, out_BTD)
+            if keep_all or r == opts.loops - 1:
+                states.append(h_BTD)
+            if self.exit_gate is None or r == opts.loops - 1:
+                continue
+            # fp32: the exit distribution is a product of L - 1 factors
+            lam_BT = torch.sigmoid(self.exit_gate(self.norm(h_BTD)).squeeze(-1).float())
+            lambdas.append(lam_BT)
+            if exited_BT is None:
+                continue
+            if self.training:
+                draw_BT = torch.rand_like(lam_BT) < lam_BT.detach()
+                exited_BT = exited_BT | (sampled_BT & draw_BT)
+            else:
+                survive_BT = survive_BT * (1 - lam_BT)
+                exited_BT = exited_BT | (1 - survive_BT >= opts.exit_threshold)
+        return states, lambdas
+
+    def body(self, x_BTD: torch.Tensor) -> torch.Tensor:
+        return self.loops(x_BTD)[0][-1]
+
+    def logits(self, h_BTD: torch.Tensor) -> torch.Tensor:
+        """The shared head on a hidden state: [B, T, D] -> [B, T, V]."""
+        weight_VD = self.embed.weight if self.head is None else self.head.weight
+        return self.norm(h_BTD) @ weight_VD.T
+
+    def training_loss(self, inputs_BT: torch.Tensor, targets_BT: torch.Tensor) -> torch.Tensor:
+        """Without a gate: CE of the last loop. With one: the Ouro stage-I
+        objective, sum_r p(r) CE_r - beta H(p), averaged over scored tokens."""
+        states, lambdas = self.loops(self.embed(inputs_BT), keep_all=self.exit_gate is not None)
+        scored_BT = targets_BT != IGNORE
+        if not lambdas:
+            return _cross_entropy(self.logits(states[-1]), targets_BT).sum() / scored_BT.sum().clamp(min=1)
+        ce_BTL = torch.stack([_cross_entropy(self.logits(h_BTD), targets_BT) for h_BTD in states], dim=-1)
+        p_BTL = exit_distribution(lambdas)
+        entropy_BT = -(p_BTL * p_BTL.clamp_min(1e-12).log()).sum(-1)
+        per_token_BT = (p_BTL * ce_BTL).sum(-1) - self.options.exit_entropy * entropy_BT
+        return (per_token_BT * scored_BT).sum() / scored_BT.sum().clamp(min=1)
+
+
+def _cross_entropy(logits_BTV: torch.Tensor, targets_BT: torch.Tensor) -> torch.Tensor:
+    """Per-token CE [B, T] in fp32, zero where the target is IGNORE."""
+    flat = F.cross_entropy(logits_BTV.flatten(0, 1).float(), targets_BT.flatten(), ignore_index=IGNORE,
+                           reduction="none")
+    return flat.view(targets_BT.shape)
+
+
+def params(spec: ArchSpec) -> int:
+    """Shared layers counted once, the final norm, and one exit gate (D + 1) if on."""
+    gate = spec.d_model + 1 if loop_options(spec).exit_gate else 0
+    return stack.params(spec) + gate
+
+
+def flops(spec: ArchSpec, seq_len: int) -> float:
+    """Forward per token: L times the group, plus the gate (2D) after each of loops 1..L-1."""
+    opts = loop_options(spec)
+    gate = 2.0 * spec.d_model * (opts.loops - 1) if opts.exit_gate else 0.0
+    return opts.loops * stack.flops(spec, seq_len) + gate
+
+
+def mixing(spec: ArchSpec, seq_len: int) -> float:
+    """L times the group's attention (and scan) terms."""
+    return loop_options(spec).loops * stack.mixing(spec, seq_len)
+
+
+def state(spec: ArchSpec, seq_len: int) -> int:
+    """Every loop keeps its own caches (as Ouro's per-loop KV cache): L times
+    the group's. Exited tokens leave holes, so this is the upper bound."""
+    return loop_options(spec).loops * stack.state(spec, seq_len)
