@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from archsearch.arch.blocks import attention, swiglu
+from archsearch.arch.blocks import attention, gated_attention, gated_deltanet, mamba, swiglu
+from archsearch.arch.blocks import hope, titans
 from archsearch.arch.spec import ArchSpec, LayerSpec
 
 
@@ -42,10 +43,17 @@ class Block:
 
 MIXERS: dict[str, Block] = {
     "attention": Block(attention.Attention, attention.params, attention.flops, attention.mixing, attention.state),
+    "gated_attention": Block(gated_attention.GatedAttention, gated_attention.params, gated_attention.flops,
+                             gated_attention.mixing, gated_attention.state),
+    "mamba": Block(mamba.Mamba, mamba.params, mamba.flops, mamba.mixing, mamba.state),
+    "gated_deltanet": Block(gated_deltanet.GatedDeltaNet, gated_deltanet.params, gated_deltanet.flops,
+                            gated_deltanet.mixing, gated_deltanet.state),
+    "titans": Block(titans.Titans, titans.params, titans.flops, titans.mixing, titans.state),
 }
 
 MLPS: dict[str, Block] = {
     "swiglu": Block(swiglu.SwiGLU, swiglu.params, swiglu.flops),
+    "cms": Block(hope.ContinuumMemory, hope.params, hope.flops),
 }
 
 

@@ -87,7 +87,10 @@ class Stack(LanguageModel):
 
 
 def init_weights(module: nn.Module) -> None:
-    """Normal(0, 0.02) for every linear and embedding weight (GPT-2 style)."""
+    """Normal(0, 0.02) for every linear and embedding weight (GPT-2 style);
+    a block marks a module ``keep_init = True`` to keep its own (Mamba's dt)."""
+    if getattr(module, "keep_init", False):
+        return
     if isinstance(module, (nn.Linear, nn.Embedding)):
         nn.init.normal_(module.weight, mean=0.0, std=0.02)
         if getattr(module, "bias", None) is not None:

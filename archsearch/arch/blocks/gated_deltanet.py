@@ -1,0 +1,143 @@
+"""Gated DeltaNet mixer: the gated delta rule between short convs and a gated RMSNorm.
+
+Yang, Kautz & Hatamizadeh, "Gated Delta Networks: Improving Mamba2 with Delta Rule",
+https://arxiv.org/abs/2412.06464 (reference layer: fla-org/flash-linear-attention,
+fla/layers/gated_deltanet.py; papers.md section 7). Per token and head:
+
+    q, k, v = silu(causal depthwise conv_4(W_q x, W_k x, W_v x))       no conv bias
+    q, k    = l2-normalised per head; q scaled by K^-1/2
+    beta    = sigmoid(W_b x)                                            write strength
+    g       = -exp(A_log) * softplus(W_a x + dt_bias);  alpha = exp(g) decay in (0, 1]
+    S_t     = alpha_t S_{t-1} (I - beta_t k_t k_t^T) + beta_t v_t k_t^T;  o_t = S_t q_t
+    y       = W_o (RMSNorm_head(o) * silu(W_g x))
+
+Options (``layer.options``), with defaults:
+    num_heads   H = spec.num_heads
+    head_k_dim  K = spec.head_dim
+    head_v_dim  V = K
+    d_conv      4       short conv width
+    scan        "chunked" or "naive", the per-step reference (for tests)
+
+Dimensions: B batch, T time, D model width, H heads, K key head dim, V value head dim,
+X the concatenated q, k, v channels (2HK + HV).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from archsearch_kernels.gated_delta import gated_delta_rule_chunked, gated_delta_rule_naive
+from torch import nn
+
+from archsearch.arch.blocks.mamba import inverse_softplus_dt
+from archsearch.arch.spec import ArchSpec, LayerSpec
+
+RULES = {"chunked": gated_delta_rule_chunked, "naive": gated_delta_rule_naive}
+
+
+@dataclass(frozen=True)
+class DeltaSizes:
+    """The resolved widths of one Gated DeltaNet layer."""
+
+    d_model: int
+    heads: int  # H
+    key: int  # K
+    value: int  # V
+    conv: int
+
+    @property
+    def qkv(self) -> int:
+        """Channels through the short conv: 2HK + HV."""
+        return self.heads * (2 * self.key + self.value)
+
+
+def sizes(spec: ArchSpec, layer: LayerSpec) -> DeltaSizes:
+    """Widths from ``layer.options`` and their defaults."""
+    options = layer.options
+    key = options.get("head_k_dim", spec.head_dim)
+    return DeltaSizes(d_model=spec.d_model, heads=options.get("num_heads", spec.num_heads), key=key,
+                      value=options.get("head_v_dim", key), conv=options.get("d_conv", 4))
+
+
+class GatedDeltaNet(nn.Module):
+    """Gated DeltaNet mixer: [B, T, D] -> [B, T, D]. No biases in the projections."""
+
+    def __init__(self, *, spec: ArchSpec, layer: LayerSpec):
+        super().__init__()
+        s = self.sizes = sizes(spec, layer)
+        scan = layer.options.get("scan", "chunked")
+        if scan not in RULES:
+            raise ValueError(f"gated_deltanet: options['scan'] must be one of {sorted(RULES)}, got {scan!r}")
+        self.rule = RULES[scan]
+        h, hv = s.heads, s.heads * s.value
+        self.qkv_proj = nn.Linear(s.d_model, s.qkv, bias=False)
+        # fla keeps three ShortConvolutions; depthwise, one conv over the concatenation is the same map
+        self.conv = nn.Conv1d(s.qkv, s.qkv, s.conv, groups=s.qkv, bias=False)
+        self.ab_proj = nn.Linear(s.d_model, 2 * h, bias=False)  # decay (a) and write-strength (b) logits
+        # A ~ U(0, 16) per head, and dt_bias with softplus(dt_bias) log-uniform in [1e-3, 1e-1], as in fla
+        self.A_log = nn.Parameter(torch.empty(h).uniform_(0, 16).log())
+        self.dt_bias = nn.Parameter(inverse_softplus_dt(h))
+        for p in (self.A_log, self.dt_bias):
+            p._no_weight_decay = True
+        self.gate_proj = nn.Linear(s.d_model, hv, bias=False)
+        self.norm = nn.RMSNorm(s.value, eps=spec.norm_eps)
+        self.out_proj = nn.Linear(hv, s.d_model, bias=False)
+
+    def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
+        s, (B, T, _) = self.sizes, x_BTD.shape
+        H, K, V = s.heads, s.key, s.value
+        # left padding only: causal, and torch counts exactly k MACs per output
+        qkv_BXT = self.conv(F.pad(self.qkv_proj(x_BTD).transpose(1, 2), (s.conv - 1, 0)))
+        q_BTX, k_BTX, v_BTX = F.silu(qkv_BXT.transpose(1, 2)).split([H * K, H * K, H * V], dim=-1)
+        # the rule takes q unscaled; fla's kernel scales it by K^-1/2 by default
+        q_BTHK = F.normalize(q_BTX.view(B, T, H, K), dim=-1) * K**-0.5
+        k_BTHK = F.normalize(k_BTX.view(B, T, H, K), dim=-1)
+        g_BTH, beta_BTH = self.gates(x_BTD)
+        o_BTHV = self.rule(q_BTHK, k_BTHK, v_BTX.view(B, T, H, V), g_BTH, beta_BTH)
+        o_BTHV = self.norm(o_BTHV) * F.silu(self.gate_proj(x_BTD).view(B, T, H, V))
+        return self.out_proj(o_BTHV.reshape(B, T, H * V))
+
+    def gates(self, x_BTD: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log decay g [B, T, H] (<= 0, so alpha = exp(g) is in (0, 1]) and write strength beta [B, T, H]."""
+        a_BTH, b_BTH = self.ab_proj(x_BTD).float().chunk(2, dim=-1)
+        g_BTH = -self.A_log.float().exp() * F.softplus(a_BTH + self.dt_bias.float())
+        return g_BTH, torch.sigmoid(b_BTH)
+
+
+def params(spec: ArchSpec, layer: LayerSpec) -> int:
+    """q, k, v projections D(2HK + HV), their convs k(2HK + HV), decay and write-strength
+    projections 2DH, A_log and dt_bias 2H, output gate D HV, the per-head norm V and the
+    output projection HV D."""
+    s = sizes(spec, layer)
+    d, h, hv = s.d_model, s.heads, s.heads * s.value
+    return d * s.qkv + s.conv * s.qkv + 2 * d * h + 2 * h + d * hv + s.value + hv * d
+
+
+def mixing(spec: ArchSpec, layer: LayerSpec, seq_len: int) -> float:
+    """The recurrence's multiply-adds on each head's [K, V] state per token: 7 H K V.
+
+    Decay alpha*S (KV), recall S^T k (2KV), write k (beta (v - recall))^T (2KV), readout
+    S q (2KV), in the recurrent form. Per-channel work (the correction, l2 and RMS norms,
+    the gate) and the exp, sigmoid and softplus are left out, as activations are everywhere
+    else. The chunked form does more arithmetic for fewer sequential steps; this counts the
+    recurrence. Independent of seq_len.
+    """
+    s = sizes(spec, layer)
+    return 7.0 * s.heads * s.key * s.value
+
+
+def flops(spec: ArchSpec, layer: LayerSpec, seq_len: int) -> float:
+    """Forward FLOPs per token: 2 per projection weight, 2k(2HK + HV) for the convs, plus ``mixing``."""
+    s = sizes(spec, layer)
+    d, h, hv = s.d_model, s.heads, s.heads * s.value
+    weights = d * s.qkv + 2 * d * h + d * hv + hv * d
+    return 2.0 * weights + 2.0 * s.conv * s.qkv + mixing(spec, layer, seq_len)
+
+
+def state(spec: ArchSpec, layer: LayerSpec, seq_len: int) -> int:
+    """Each head's [K, V] state, H K V, plus the short conv's last k-1 inputs (2HK + HV)(k-1);
+    independent of seq_len."""
+    s = sizes(spec, layer)
+    return s.heads * s.key * s.value + s.qkv * (s.conv - 1)
