@@ -123,10 +123,11 @@ app.command("ls", help="Studies and trials in a store (same as status).")(status
 def pareto(objectives: Annotated[str, typer.Option(help="columns, e.g. val_loss,params or tokens_per_s:max")]
            = "val_loss,params", store: StoreOpt = DEFAULT_STORE, study: StudyOpt = None, as_json: JsonOpt = False):
     """The non-dominated trials over the objectives."""
+    from archsearch_dashboards.report import completed_rows
+
     import archsearch as A
     from archsearch.analysis import pareto_front, parse_objectives
     from archsearch.terminal import front_table
-    from archsearch_dashboards.report import completed_rows
 
     with A.open_store(store, read_only=True) as db:
         rows = completed_rows(db, study)
@@ -142,8 +143,9 @@ def pareto(objectives: Annotated[str, typer.Option(help="columns, e.g. val_loss,
 def report(output: Annotated[Path, typer.Option("-o", "--output", help="HTML file to write")] = Path("report.html"),
            store: StoreOpt = DEFAULT_STORE, study: StudyOpt = None):
     """A self-contained interactive HTML report."""
-    import archsearch as A
     from archsearch_dashboards.report import write_report
+
+    import archsearch as A
 
     with A.open_store(store, read_only=True) as db:
         path = write_report(db, output, study=study)

@@ -16,7 +16,13 @@ from typing import Any
 from archsearch import __version__
 from archsearch.arch.families import layer_count, spec_maker
 from archsearch.arch.spec import ArchSpec
-from archsearch.budget import BudgetError, count_params, flops_per_token, solve, state_size
+from archsearch.budget import (
+    BudgetError,
+    count_params,
+    flops_per_token,
+    solve,
+    state_size,
+)
 from archsearch.errors import SpecError
 from archsearch.space.expand import expand
 from archsearch.space.schema import Study

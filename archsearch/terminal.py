@@ -58,9 +58,14 @@ def front_table(front: list[dict], columns: list[str]) -> None:
 
 def run_summary(summary, *, store: Path, report: Path) -> None:
     """After a run: counts, the best trial, the front, and the report path."""
+    from archsearch_dashboards.report import (
+        DEFAULT_OBJECTIVES,
+        completed_rows,
+        write_report,
+    )
+
     import archsearch as A
     from archsearch.analysis import pareto_front
-    from archsearch_dashboards.report import DEFAULT_OBJECTIVES, completed_rows, write_report
 
     console.print(f"[bold]{summary.study}[/]: {summary.planned} trials planned, {summary.skipped} already done, "
                   f"{summary.completed} trained, {summary.failed} failed in {summary.wall_time_s:.0f}s")

@@ -11,11 +11,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import plotly.io as pio
+from archsearch_dashboards.figures import (
+    comparison_figure,
+    curves_figure,
+    pareto_figure,
+    scaling_figure,
+    varying_axes,
+)
 
 from archsearch.analysis import pareto_front
 from archsearch.store import Store
-from archsearch_dashboards.figures import (comparison_figure, curves_figure, pareto_figure, scaling_figure,
-                                          varying_axes)
 
 DEFAULT_OBJECTIVES = [("val_loss", "min"), ("params", "min")]
 

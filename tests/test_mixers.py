@@ -11,7 +11,11 @@ import torch
 import torch.nn.functional as F
 
 from archsearch.arch.blocks import mixer
-from archsearch.arch.blocks.attention import apply_rope, attention_reference, rope_tables
+from archsearch.arch.blocks.attention import (
+    apply_rope,
+    attention_reference,
+    rope_tables,
+)
 from archsearch.arch.model import build_model
 from archsearch.arch.spec import ArchSpec, LayerSpec
 

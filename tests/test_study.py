@@ -6,10 +6,10 @@ import json
 import re
 
 import pytest
+from archsearch_dashboards.report import write_report
 
 import archsearch as A
 from archsearch.execute import run_study
-from archsearch_dashboards.report import write_report
 
 pytestmark = pytest.mark.ray
 
@@ -98,8 +98,8 @@ def test_a_preempted_trial_resumes_from_its_checkpoint(tmp_path, corpus):
     one); the trained model reloads from the store."""
     import torch
 
-    from archsearch.store import checkpoint_dir
     from archsearch.inspect import load_trained
+    from archsearch.store import checkpoint_dir
     from archsearch.train import train_trial
     from tests.conftest import TINY_SPACE, tiny_study_text
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from archsearch_dashboards.report import write_report
 
 import archsearch as A
 from archsearch.execute import run_study
 from archsearch.space.schema import FAMILIES
-from archsearch_dashboards.report import write_report
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 

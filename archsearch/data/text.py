@@ -20,8 +20,14 @@ import torch
 
 from archsearch.data import cache
 from archsearch.data._base import Batch, Source
-from archsearch.data.documents import (Document, file_documents, hub_documents, split_documents, stdlib_files,
-                                       text_files)
+from archsearch.data.documents import (
+    Document,
+    file_documents,
+    hub_documents,
+    split_documents,
+    stdlib_files,
+    text_files,
+)
 from archsearch.data.tokenize import BYTE_VOCAB, BpeTokenizer, ByteTokenizer
 from archsearch.errors import SpecError
 from archsearch.space.training import DEFAULT_BPE_VOCAB

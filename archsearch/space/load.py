@@ -17,7 +17,6 @@ from archsearch.errors import SpecError, did_you_mean
 from archsearch.space._yaml import read_yaml
 from archsearch.space.schema import Space, Study
 
-
 MAX_INCLUDE_DEPTH = 8
 
 

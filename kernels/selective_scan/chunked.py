@@ -16,17 +16,17 @@ How it is split. Time is cut into J chunks of L steps. Three short loops replace
        reading y out with C at each step.
 
 The loop steps work on [B, J, E, N] slices, J times larger than the reference's [B, E, N], so
-Python and launch overhead is paid 2L + J times instead of T times. The elementwise work is
-the same as the reference's, and on a CPU it bounds the speed-up (see docs/performance.md).
+Python and launch overhead is paid 2L + J times instead of T times and each step has enough
+work to spread over threads. The elementwise work stays about the reference's (the chunk loop
+runs twice), and on a CPU that bounds the speed-up to a few times (docs/performance.md).
 
-Why not the masked L x L "attention" form used for Mamba-2/SSD (papers.md 3.5), or a cumsum
-of log-decays with a correction per step: in Mamba-2 the decay is one scalar per head, so the
-intra-chunk part is a matmul. Mamba-1's decay exp(delta * A) differs for every (channel,
-state) pair, so the masked form needs a [B, E, N, L, L] tensor, L times the memory of the
-states, and a per-step correction costs three more passes over [B, T, E, N]. In trials on a
-2-core CPU (B=2, E=256, N=16, T=512) the masked form's forward was ~9x slower than the plain
-loop (706 vs 80 ms, L=16); in another, the correction form took 31 ms (L=64) against 26 ms
-for this one (L=16) and 46 ms for the loop.
+Why not the masked L x L "attention" form used for Mamba-2/SSD (papers.md 3.5): there the
+decay is one scalar per head, so the intra-chunk part is a matmul. Mamba-1's decay
+exp(delta * A) differs for every (channel, state) pair, so the masked form needs a
+[B, E, N, L, L] tensor, L times the memory of the states; in a trial on a 2-core CPU
+(B=2, E=256, N=16, T=512, L=16) its forward was ~9x slower than the plain loop. Adding each
+chunk's decayed start state to zero-start local states (instead of rerunning the chunk, as
+step 3 does) costs more passes over [B, T, E, N] and measured slower too.
 
 Stability: every exponent is delta * A or a sum of them over a chunk, <= 0 for delta >= 0
 and A <= 0, so nothing large is ever exponentiated; strong decays underflow to 0 as they

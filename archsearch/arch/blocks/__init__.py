@@ -10,8 +10,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from archsearch.arch.blocks import attention, gated_attention, gated_deltanet, mamba, swiglu
-from archsearch.arch.blocks import hope, titans
+from archsearch.arch.blocks import (
+    attention,
+    gated_attention,
+    gated_deltanet,
+    hope,
+    mamba,
+    swiglu,
+    titans,
+)
 from archsearch.arch.spec import ArchSpec, LayerSpec
 
 

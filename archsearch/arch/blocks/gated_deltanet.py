@@ -28,7 +28,10 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from archsearch_kernels.gated_delta import gated_delta_rule_chunked, gated_delta_rule_naive
+from archsearch_kernels.gated_delta import (
+    gated_delta_rule_chunked,
+    gated_delta_rule_naive,
+)
 from torch import nn
 
 from archsearch.arch.blocks.mamba import inverse_softplus_dt

@@ -28,7 +28,10 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from archsearch_kernels.selective_scan import selective_scan_chunked, selective_scan_naive
+from archsearch_kernels.selective_scan import (
+    selective_scan_chunked,
+    selective_scan_naive,
+)
 from torch import nn
 
 from archsearch.arch.spec import ArchSpec, LayerSpec

@@ -43,7 +43,13 @@ from torch import nn
 from archsearch.arch import blocks
 from archsearch.arch.spec import ArchSpec
 from archsearch.arch.structures import stack
-from archsearch.arch.structures.stack import LanguageModel, Layer, init_weights, layer_flops, layer_mixing
+from archsearch.arch.structures.stack import (
+    LanguageModel,
+    Layer,
+    init_weights,
+    layer_flops,
+    layer_mixing,
+)
 
 
 class Stage(nn.Module):
