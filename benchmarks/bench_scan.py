@@ -1,0 +1,138 @@
+"""Time the reference loops against the chunked forms of the two scan ops, on CPU.
+
+    python benchmarks/bench_scan.py                       # T=512, the sizes in docs/performance.md
+    python benchmarks/bench_scan.py --seq-len 2048 --repeats 3
+
+Prints one row per (op, pass): median milliseconds of each form over --repeats runs after
+one warm-up (the two forms timed alternately), and the speed-up naive / chunked measured in
+the same run.
+
+Dimensions: B batch, T time, E inner channels, N state size, H heads, K/V head dims.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from archsearch_kernels.gated_delta import (
+    gated_delta_rule_chunked,
+    gated_delta_rule_naive,
+)
+from archsearch_kernels.selective_scan import (
+    selective_scan_chunked,
+    selective_scan_naive,
+)
+
+
+def median_ms_pair(first: Callable[[], None], second: Callable[[], None], repeats: int) -> tuple[float, float]:
+    """Median wall times in ms of two callables, after one warm-up each.
+
+    The two are timed alternately, so load from other processes on a shared machine falls on
+    both alike and their ratio stays meaningful even when the absolute times drift.
+    """
+    first(), second()
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(repeats):
+        for fn, bucket in zip((first, second), times):
+            start = time.perf_counter()
+            fn()
+            bucket.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times[0]), 1e3 * statistics.median(times[1])
+
+
+def mamba_inputs(args: argparse.Namespace) -> dict[str, torch.Tensor]:
+    """Selective-scan arguments at Mamba-1 init scales (delta ~ 1e-3..1e-1, A = -(1..N))."""
+    b, e, n, t = args.batch, args.channels, args.state_size, args.seq_len
+    dt_E = torch.exp(torch.empty(e).uniform_(math.log(1e-3), math.log(1e-1)))
+    return {
+        "u": torch.randn(b, e, t),  # [B, E, T]
+        "delta": 0.5 * torch.randn(b, e, t),  # [B, E, T]
+        "A": -torch.arange(1, n + 1).float().repeat(e, 1),  # [E, N]
+        "B": torch.randn(b, n, t),  # [B, N, T]
+        "C": torch.randn(b, n, t),  # [B, N, T]
+        "D": torch.ones(e),  # [E]
+        "z": torch.randn(b, e, t),  # [B, E, T]
+        "delta_bias": torch.log(torch.expm1(dt_E)),  # [E]
+    }
+
+
+def gdn_inputs(args: argparse.Namespace) -> dict[str, torch.Tensor]:
+    """Gated-delta arguments as a Gated DeltaNet layer produces them (unit q and k)."""
+    b, t, h, d = args.batch, args.seq_len, args.heads, args.head_dim
+    return {
+        "q": F.normalize(torch.randn(b, t, h, d), dim=-1),  # [B, T, H, K]
+        "k": F.normalize(torch.randn(b, t, h, d), dim=-1),  # [B, T, H, K]
+        "v": torch.randn(b, t, h, d),  # [B, T, H, V]
+        "g": F.logsigmoid(torch.randn(b, t, h) + 3.0),  # [B, T, H]
+        "beta": torch.sigmoid(torch.randn(b, t, h)),  # [B, T, H]
+    }
+
+
+def passes(op: Callable[..., torch.Tensor], inputs: dict[str, torch.Tensor], **kwargs) -> tuple[Callable, Callable]:
+    """(forward without autograd, forward + backward with every input requiring grad) as callables."""
+    leaves = {name: x.detach().clone().requires_grad_() for name, x in inputs.items()}
+
+    def forward():
+        with torch.no_grad():
+            op(**inputs, **kwargs)
+
+    def forward_backward():
+        out = op(**leaves, **kwargs)
+        out.backward(torch.ones_like(out))
+        for x in leaves.values():
+            x.grad = None
+
+    return forward, forward_backward
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seq-len", type=int, default=512)
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--channels", type=int, default=256, help="Mamba inner channels E")
+    parser.add_argument("--state-size", type=int, default=16, help="Mamba state size N")
+    parser.add_argument("--heads", type=int, default=4, help="Gated DeltaNet heads H")
+    parser.add_argument("--head-dim", type=int, default=64, help="Gated DeltaNet K = V")
+    parser.add_argument("--chunk-size", type=int, default=None, help="default: each op's own")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+
+    print(
+        f"{datetime.date.today()}  torch {torch.__version__}  {platform.processor() or platform.machine()}"
+        f"  cpus {os.cpu_count()}  torch threads {torch.get_num_threads()}"
+        f"  load avg {os.getloadavg()[0]:.2f}"
+    )
+    print(
+        f"T={args.seq_len} B={args.batch}  mamba E={args.channels} N={args.state_size}"
+        f"  gdn H={args.heads} K=V={args.head_dim}  chunk {args.chunk_size or 'default'}  median of {args.repeats}"
+    )
+
+    ops = [
+        ("selective_scan", selective_scan_naive, selective_scan_chunked, mamba_inputs(args), {"delta_softplus": True}),
+        ("gated_delta", gated_delta_rule_naive, gated_delta_rule_chunked, gdn_inputs(args), {}),
+    ]
+    chunking = {} if args.chunk_size is None else {"chunk_size": args.chunk_size}
+    print(f"{'op':<16}{'pass':<14}{'naive ms':>10}{'chunked ms':>12}{'speed-up':>10}")
+    for name, naive, chunked, inputs, kwargs in ops:
+        naive_passes = passes(naive, inputs, **kwargs)
+        chunked_passes = passes(chunked, inputs, **kwargs, **chunking)
+        for label, naive_pass, chunked_pass in zip(("forward", "fwd+bwd"), naive_passes, chunked_passes):
+            naive_ms, chunked_ms = median_ms_pair(naive_pass, chunked_pass, args.repeats)
+            print(f"{name:<16}{label:<14}{naive_ms:>10.1f}{chunked_ms:>12.1f}{naive_ms / chunked_ms:>9.1f}x")
+
+
+if __name__ == "__main__":
+    main()
