@@ -133,3 +133,11 @@ def test_a_preempted_trial_resumes_from_its_checkpoint(tmp_path, corpus):
     model = load_trained(trial.trial_id, store=store)
     tokens = torch.randint(0, 256, (1, 8))
     assert model(tokens).shape == (1, 8, 256)
+
+
+def test_an_unreachable_cluster_fails_fast_in_one_line(tiny_study, tmp_path):
+    from archsearch.errors import ArchsearchError
+
+    with pytest.raises(ArchsearchError, match="cannot reach a Ray cluster at 127.0.0.1:1"):
+        run_study(A.load_study(tiny_study), store=tmp_path / "s.duckdb", address="127.0.0.1:1",
+                  show_progress=False)

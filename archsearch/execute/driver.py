@@ -71,6 +71,8 @@ def _run_on_ray(todo: list[PlannedTrial], db: Store, study: Study, *, store: str
     threads = execution.threads_per_trial
     owns_ray = not ray.is_initialized()
     if owns_ray:
+        if address not in (None, "local", "auto"):
+            _check_reachable(address)
         os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
         ray.init(address=address or "local", include_dashboard=False, logging_level="ERROR",
                  log_to_driver=False, configure_logging=True)
@@ -116,6 +118,23 @@ def _drain(todo: list[PlannedTrial], db: Store, task: Any, *, store: str | Path,
                     progress.note(f"trial {trial.trial_id} failed: {_one_line(err)}")
         progress.update(completed=completed, running=0, failed=failed)
     return completed, failed
+
+
+def _check_reachable(address: str, timeout: float = 5.0) -> None:
+    """Fail in one line when nothing listens at a cluster address: Ray itself
+    retries for minutes before giving up."""
+    import socket
+
+    from archsearch.errors import ArchsearchError
+
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        raise ArchsearchError(f"Ray address '{address}' is not host:port or ray://host:port")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except OSError as err:
+        raise ArchsearchError(f"cannot reach a Ray cluster at {address} ({err}); start one with "
+                              "`ray start --head` there, or leave out --address to run locally") from None
 
 
 def _one_line(err: BaseException) -> str:
