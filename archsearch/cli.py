@@ -18,6 +18,10 @@ StudyArg = Annotated[Path, typer.Argument(help="study YAML file")]
 StoreOpt = Annotated[Path, typer.Option("--store", help="results store (DuckDB file)")]
 StudyOpt = Annotated[Optional[str], typer.Option("--study", help="only this study (default: all)")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")]
+AddressOpt = Annotated[Optional[str], typer.Option(help="Ray cluster address; default: embedded local Ray")]
+MaxParallelOpt = Annotated[Optional[int], typer.Option(help="trials at once (default: the study's, else CPUs)")]
+ReportOpt = Annotated[Optional[Path], typer.Option(help="report path (default reports/STUDY.html)")]
+ProgressOpt = Annotated[bool, typer.Option(help="show the progress bar (on a terminal)")]
 DEFAULT_STORE = Path("archsearch.duckdb")
 
 
@@ -63,11 +67,8 @@ def plan(study: StudyArg, as_json: JsonOpt = False,
 
 @app.command()
 @user_errors
-def run(study: StudyArg, store: StoreOpt = DEFAULT_STORE,
-        address: Annotated[Optional[str], typer.Option(help="Ray cluster address; default: embedded local Ray")] = None,
-        max_parallel: Annotated[Optional[int], typer.Option(help="trials at once (default: study, else CPUs)")] = None,
-        report: Annotated[Optional[Path], typer.Option(help="report path (default reports/STUDY.html)")] = None,
-        progress: Annotated[bool, typer.Option(help="show the progress bar")] = True):
+def run(study: StudyArg, store: StoreOpt = DEFAULT_STORE, address: AddressOpt = None,
+        max_parallel: MaxParallelOpt = None, report: ReportOpt = None, progress: ProgressOpt = True):
     """Run the study (embedded Ray unless --address), writing the store."""
     _run(study, store=store, address=address, max_parallel=max_parallel, report=report, progress=progress,
          resume=False)
@@ -75,11 +76,8 @@ def run(study: StudyArg, store: StoreOpt = DEFAULT_STORE,
 
 @app.command()
 @user_errors
-def resume(study: StudyArg, store: StoreOpt = DEFAULT_STORE,
-           address: Annotated[Optional[str], typer.Option(help="Ray cluster address")] = None,
-           max_parallel: Annotated[Optional[int], typer.Option(help="trials at once")] = None,
-           report: Annotated[Optional[Path], typer.Option(help="report path")] = None,
-           progress: Annotated[bool, typer.Option(help="show the progress bar")] = True):
+def resume(study: StudyArg, store: StoreOpt = DEFAULT_STORE, address: AddressOpt = None,
+           max_parallel: MaxParallelOpt = None, report: ReportOpt = None, progress: ProgressOpt = True):
     """Continue an interrupted study; finished trials are not trained again."""
     _run(study, store=store, address=address, max_parallel=max_parallel, report=report, progress=progress,
          resume=True)
