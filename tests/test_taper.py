@@ -45,3 +45,10 @@ def test_impossible_totals_are_refused():
 def test_unknown_shape_is_refused():
     with pytest.raises(ValueError, match="unknown taper shape"):
         profile("wavy", 4, 2.0)
+
+
+def test_reproduces_the_reference_cosine_taper():
+    # papers.md §11: L = 24, mean width 4096, cosine 1.5x -> 0.5x, multiples of 64
+    widths = taper_widths(shape="cosine", ratio=3.0, num_layers=24, total=24 * 4096, multiple_of=64)
+    assert widths[:3] == [6144, 6144, 6080] and widths[-2:] == [2048, 2048]
+    assert sum(widths) == 24 * 4096
