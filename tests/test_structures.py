@@ -340,3 +340,20 @@ def test_memory_param_formula_by_hand():
 def test_memory_rejects_bad_options(options):
     with pytest.raises(ValueError):
         memory_options(memory(**options))
+
+
+def test_training_flops_count_the_exit_gates_extra_heads():
+    from archsearch.arch.spec import ArchSpec, LayerSpec
+    from archsearch.budget import flops_per_token
+
+    def spec(exit_gate: bool) -> ArchSpec:
+        return ArchSpec(family="looped", vocab_size=100, d_model=32, num_heads=4,
+                        layers=(LayerSpec(mlp_width=64),), structure="looped",
+                        options={"loops": 3, "exit_gate": exit_gate})
+
+    gated, plain = spec(True), spec(False)
+    heads = 2 * 32 * 100 * (3 - 1)  # LM heads after loops 1 and 2
+    forward_gap = flops_per_token(gated, seq_len=16, kind="forward") - flops_per_token(plain, seq_len=16,
+                                                                                        kind="forward")
+    train_gap = flops_per_token(gated, seq_len=16) - flops_per_token(plain, seq_len=16)
+    assert train_gap == 3 * (forward_gap + heads)

@@ -20,6 +20,10 @@ def _state_unknown(spec: ArchSpec, seq_len: int) -> int:
     raise NotImplementedError(f"structure {spec.structure!r} has no state formula yet")
 
 
+def _no_extra(spec: ArchSpec, seq_len: int) -> float:
+    return 0.0
+
+
 @dataclass(frozen=True)
 class Structure:
     """A registered model structure: module class plus its counting formulas."""
@@ -29,11 +33,14 @@ class Structure:
     flops: Callable[[ArchSpec, int], float]  # forward per token at seq_len, LM head excluded
     mixing: Callable[[ArchSpec, int], float]  # the part of flops that is not weight matmuls
     state: Callable[[ArchSpec, int], int] = _state_unknown  # values kept per sequence after seq_len tokens
+    # forward FLOPs per token that only training runs (an exit gate's LM head after every loop)
+    train_extra: Callable[[ArchSpec, int], float] = _no_extra
 
 
 STRUCTURES: dict[str, Structure] = {
     "stack": Structure(stack.Stack, stack.params, stack.flops, stack.mixing, stack.state),
-    "looped": Structure(looped.Looped, looped.params, looped.flops, looped.mixing, looped.state),
+    "looped": Structure(looped.Looped, looped.params, looped.flops, looped.mixing, looped.state,
+                         looped.train_extra),
     "memory": Structure(memory.MemoryStack, memory.params, memory.flops, memory.mixing, memory.state),
     "gpn": Structure(gpn.GPN, gpn.params, gpn.flops, gpn.mixing, gpn.state),
     "gpn_m": Structure(gpn.GPN, gpn.params, gpn.flops, gpn.mixing, gpn.state),

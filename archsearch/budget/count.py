@@ -35,11 +35,12 @@ def flops_per_token(spec: ArchSpec, *, seq_len: int, kind: Literal["train", "for
     (2 D V); norms, activations and the softmax are left out. Training is 3x
     forward (backward ~ 2x forward).
     """
-    forward = registry.structure(spec.structure).flops(spec, seq_len) + 2.0 * spec.d_model * spec.vocab_size
+    structure = registry.structure(spec.structure)
+    forward = structure.flops(spec, seq_len) + 2.0 * spec.d_model * spec.vocab_size
     if kind == "forward":
         return forward
-    if kind == "train":
-        return 3.0 * forward
+    if kind == "train":  # plus what only training computes (per-loop heads of an exit gate)
+        return 3.0 * (forward + structure.train_extra(spec, seq_len))
     raise ValueError(f"kind must be 'train' or 'forward', got {kind!r}")
 
 

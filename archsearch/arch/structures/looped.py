@@ -200,6 +200,12 @@ def flops(spec: ArchSpec, seq_len: int) -> float:
     return opts.loops * stack.flops(spec, seq_len) + gate
 
 
+def train_extra(spec: ArchSpec, seq_len: int) -> float:
+    """With an exit gate, training reads logits after loops 1..L-1 too: (L-1) LM heads of 2 D V."""
+    opts = loop_options(spec)
+    return 2.0 * spec.d_model * spec.vocab_size * (opts.loops - 1) if opts.exit_gate else 0.0
+
+
 def mixing(spec: ArchSpec, seq_len: int) -> float:
     """L times the group's attention (and scan) terms."""
     return loop_options(spec).loops * stack.mixing(spec, seq_len)
