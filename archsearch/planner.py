@@ -23,11 +23,10 @@ from archsearch.budget import (
     solve,
     state_size,
 )
+from archsearch.data import vocab_size_of
 from archsearch.errors import SpecError
 from archsearch.space.expand import expand
 from archsearch.space.schema import Study
-
-BYTE_VOCAB = 256
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,7 +67,7 @@ def plan(study: Study) -> list[PlannedTrial]:
     be reached.
     """
     space, budget = study.space, study.budget
-    vocab = vocab_size(study.data.model_dump())
+    vocab = vocab_size_of(study.data.model_dump())
     recipes = _recipes(study.recipe.model_dump())
     data = study.data.model_dump()
     seq_len = study.data.seq_len
@@ -137,14 +136,6 @@ def _measure(match: str, *, seq_len: int, embeddings: bool):
     return lambda spec: state_size(spec, seq_len=seq_len)
 
 
-def vocab_size(data: dict) -> int:
-    """The vocabulary a data config implies, without loading the data: 256 bytes, the
-    configured BPE size, a task's own (its class, built but not sampled), or a mix's shared one."""
-    from archsearch.data import vocab_size_of
-
-    return vocab_size_of(data)
-
-
 def trial_id(spec: ArchSpec, recipe: dict, data: dict, seed: int) -> str:
     """Hash of everything that determines a trial's result."""
     blob = json.dumps({"spec": spec.to_dict(), "recipe": recipe, "data": data, "seed": seed}, sort_keys=True)
@@ -174,4 +165,4 @@ def _budget_error(study: Study, index: int, point: dict, err: BudgetError) -> Sp
     return origin.error(message, loc=loc, hint=err.hint)
 
 
-__all__ = ["PlannedTrial", "plan", "trial_id", "vocab_size", "__version__"]
+__all__ = ["PlannedTrial", "plan", "trial_id", "__version__"]

@@ -15,11 +15,11 @@ import yaml
 
 from archsearch.data import make_source, task_source, vocab_size_of
 from archsearch.data import text as text_module
+from archsearch.data import vocab_size_of as vocab_size
 from archsearch.data.documents import file_documents, is_validation
 from archsearch.data.synthetic import TASKS
 from archsearch.data.tokenize import BpeTokenizer
 from archsearch.errors import SpecError
-from archsearch.planner import vocab_size
 from archsearch.space.training import TASK_NAMES, TextData
 
 WORDS = "the quick brown fox jumps over a lazy dog while small models learn to count".split()

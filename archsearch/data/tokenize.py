@@ -14,7 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-BYTE_VOCAB = 256
+from archsearch.space.training import BYTE_VOCAB
+
 END_OF_TEXT = "<|endoftext|>"
 _ENCODE_CHUNK = 1024  # documents per encode_batch call: bounds memory, keeps the Rust threads busy
 
