@@ -38,7 +38,7 @@ from torch import nn
 
 from archsearch.arch.blocks import swiglu
 from archsearch.arch.spec import ArchSpec, LayerSpec
-from archsearch.arch.structures.stack import LanguageModel
+from archsearch.arch.structures.stack import LanguageModel, reject_unknown_options
 
 MIXER = "gpn"
 
@@ -69,10 +69,8 @@ class GPNOptions:
 def gpn_options(spec: ArchSpec) -> GPNOptions:
     """Parse and check ``spec.options`` and ``spec.layers``; a ValueError names what is wrong."""
     with_memory = spec.structure == "gpn_m"
-    known = {"layers"} | ({"mem_heads", "mem_key_dim", "mem_value_dim"} if with_memory else set())
-    unknown = set(spec.options) - known
-    if unknown:
-        raise ValueError(f"{spec.structure}: unknown options {sorted(unknown)}; known: {sorted(known)}")
+    reject_unknown_options(spec, {"layers"} | ({"mem_heads", "mem_key_dim", "mem_value_dim"} if with_memory
+                                               else set()))
     layers = spec.options.get("layers", spec.num_layers)
     if layers != spec.num_layers or spec.num_layers < 1:
         raise ValueError(f"{spec.structure}: options['layers']={layers} must equal len(spec.layers)="

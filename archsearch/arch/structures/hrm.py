@@ -49,6 +49,7 @@ from archsearch.arch.structures.stack import (
     init_weights,
     layer_flops,
     layer_mixing,
+    reject_unknown_options,
 )
 
 
@@ -88,7 +89,7 @@ class HRMOptions:
 
 def hrm_options(spec: ArchSpec) -> HRMOptions:
     """Parse and check ``spec.options``; a ValueError names what is wrong."""
-    _reject_unknown(spec, {"N", "T", "fast_layers", "slow_layers"})
+    reject_unknown_options(spec, {"N", "T", "fast_layers", "slow_layers"})
     num = spec.num_layers
     fast = spec.options.get("fast_layers", num - num // 2)
     opts = HRMOptions(**{"fast_layers": fast, "slow_layers": num - fast, **spec.options})
@@ -98,11 +99,6 @@ def hrm_options(spec: ArchSpec) -> HRMOptions:
                          f"len(spec.layers) = {num}; got {opts}")
     return opts
 
-
-def _reject_unknown(spec: ArchSpec, known: set[str]) -> None:
-    unknown = set(spec.options) - known
-    if unknown:
-        raise ValueError(f"{spec.structure}: unknown options {sorted(unknown)}; known: {sorted(known)}")
 
 
 class HRM(LanguageModel):
@@ -170,7 +166,7 @@ class UTOptions:
 
 def ut_options(spec: ArchSpec) -> UTOptions:
     """Parse and check ``spec.options``; a ValueError names what is wrong."""
-    _reject_unknown(spec, {"steps", "step_embedding"})
+    reject_unknown_options(spec, {"steps", "step_embedding"})
     opts = UTOptions(**spec.options)
     if not isinstance(opts.steps, int) or opts.steps < 1:
         raise ValueError(f"universal: steps must be an int >= 1, got {opts.steps!r}")

@@ -58,10 +58,7 @@ class LoopOptions:
 
 def loop_options(spec: ArchSpec) -> LoopOptions:
     """Parse and check ``spec.options``; a ValueError names what is wrong."""
-    known = {f.name for f in fields(LoopOptions)}
-    unknown = set(spec.options) - known
-    if unknown:
-        raise ValueError(f"looped: unknown options {sorted(unknown)}; known: {sorted(known)}")
+    stack.reject_unknown_options(spec, {f.name for f in fields(LoopOptions)})
     if "loops" not in spec.options:
         raise ValueError("looped: options['loops'] is required (an int >= 1)")
     opts = LoopOptions(**spec.options)

@@ -34,7 +34,12 @@ from torch import nn
 
 from archsearch.arch.spec import ArchSpec
 from archsearch.arch.structures import stack
-from archsearch.arch.structures.stack import LanguageModel, Layer, init_weights
+from archsearch.arch.structures.stack import (
+    LanguageModel,
+    Layer,
+    init_weights,
+    reject_unknown_options,
+)
 
 # the write gate starts nearly closed (sigmoid(-2) = 0.12), so the memory is a
 # small perturbation of the plain stack at initialisation
@@ -62,10 +67,7 @@ class MemoryOptions:
 
 def memory_options(spec: ArchSpec) -> MemoryOptions:
     """Parse and check ``spec.options``; a ValueError names what is wrong."""
-    known = {f.name for f in fields(MemoryOptions)}
-    unknown = set(spec.options) - known
-    if unknown:
-        raise ValueError(f"memory: unknown options {sorted(unknown)}; known: {sorted(known)}")
+    reject_unknown_options(spec, {f.name for f in fields(MemoryOptions)})
     defaults = dict(placement=max(0, spec.num_layers // 2 - 1), memory_dim=spec.d_model)
     opts = MemoryOptions(**{**defaults, **spec.options})
     if not 0 <= opts.placement < spec.num_layers:

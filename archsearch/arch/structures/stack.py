@@ -86,6 +86,13 @@ class Stack(LanguageModel):
         return x_BTD
 
 
+def reject_unknown_options(spec: ArchSpec, known: set[str]) -> None:
+    """A ValueError naming any ``spec.options`` key the structure does not read."""
+    unknown = set(spec.options) - known
+    if unknown:
+        raise ValueError(f"{spec.structure}: unknown options {sorted(unknown)}; known: {sorted(known)}")
+
+
 def init_weights(module: nn.Module) -> None:
     """Normal(0, 0.02) for every linear and embedding weight (GPT-2 style);
     a block marks a module ``keep_init = True`` to keep its own (Mamba's dt)."""
