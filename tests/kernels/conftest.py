@@ -23,6 +23,21 @@ def assert_close(name: str, ref: torch.Tensor, out: torch.Tensor, atol: float) -
     )
 
 
+def assert_same_outputs_and_grads(ref_fn, out_fn, inputs: dict[str, torch.Tensor], atol: float) -> None:
+    """``ref_fn(**inputs)`` and ``out_fn(**inputs)`` each return (output, last_state): both
+    agree, and so does the gradient of every input under one random cotangent."""
+    out_ref, state_ref = ref_fn(**inputs)
+    out_new, state_new = out_fn(**inputs)
+    assert_close("output", out_ref, out_new, atol)
+    assert_close("last_state", state_ref, state_new, atol)
+    d_out, d_state = torch.randn_like(out_ref), torch.randn_like(state_ref)
+    leaves = list(inputs.values())
+    grads_ref = torch.autograd.grad((out_ref * d_out).sum() + (state_ref * d_state).sum(), leaves)
+    grads_new = torch.autograd.grad((out_new * d_out).sum() + (state_new * d_state).sum(), leaves)
+    for name, grad_ref, grad_new in zip(inputs, grads_ref, grads_new):
+        assert_close(f"grad {name}", grad_ref, grad_new, atol)
+
+
 @pytest.fixture(name="assert_close")
 def assert_close_fixture():
     """The shared tolerance helper, as a fixture so test modules need not import conftest."""

@@ -16,6 +16,8 @@ from archsearch_kernels.gated_delta import (
     gated_delta_rule_naive,
 )
 
+from tests.kernels.conftest import assert_same_outputs_and_grads
+
 ATOL = 1e-4
 # the chunked form with short chunks, so the behaviour tests below cross chunk boundaries
 BOTH = [
@@ -65,17 +67,8 @@ def run(rule, inputs: dict[str, torch.Tensor], **kwargs):
 
 def assert_matches_naive(inputs, chunk_size, assert_close):
     """Forward, last state and the gradient of every input agree with the loop."""
-    o_ref, state_ref = run(gated_delta_rule_naive, inputs)
-    o_out, state_out = run(gated_delta_rule_chunked, inputs, chunk_size=chunk_size)
-    assert_close("o", o_ref, o_out, ATOL)
-    assert_close("last_state", state_ref, state_out, ATOL)
-
-    do, dstate = torch.randn_like(o_ref), torch.randn_like(state_ref)
-    leaves = list(inputs.values())
-    grads_ref = torch.autograd.grad((o_ref * do).sum() + (state_ref * dstate).sum(), leaves)
-    grads_out = torch.autograd.grad((o_out * do).sum() + (state_out * dstate).sum(), leaves)
-    for name, grad_ref, grad_out in zip(inputs, grads_ref, grads_out):
-        assert_close(f"grad {name}", grad_ref, grad_out, ATOL)
+    assert_same_outputs_and_grads(lambda **kw: run(gated_delta_rule_naive, kw),
+                                  lambda **kw: run(gated_delta_rule_chunked, kw, chunk_size=chunk_size), inputs, ATOL)
 
 
 @pytest.mark.parametrize("shape", SHAPES)

@@ -17,6 +17,8 @@ from archsearch_kernels.selective_scan import (
     selective_scan_naive,
 )
 
+from tests.kernels.conftest import assert_same_outputs_and_grads
+
 ATOL = 1e-4
 # arguments with a time axis (the last one); the rest are per channel or the state
 TIME_ARGS = ("u", "delta", "B", "C", "z")
@@ -73,17 +75,8 @@ def run(scan, inputs: dict[str, torch.Tensor], **kwargs):
 
 def assert_matches_naive(inputs, chunk_size, assert_close):
     """Forward, last state and the gradient of every input agree with the loop."""
-    y_ref, state_ref = run(selective_scan_naive, inputs)
-    y_out, state_out = run(selective_scan_chunked, inputs, chunk_size=chunk_size)
-    assert_close("y", y_ref, y_out, ATOL)
-    assert_close("last_state", state_ref, state_out, ATOL)
-
-    dy, dstate = torch.randn_like(y_ref), torch.randn_like(state_ref)
-    leaves = list(inputs.values())
-    grads_ref = torch.autograd.grad((y_ref * dy).sum() + (state_ref * dstate).sum(), leaves)
-    grads_out = torch.autograd.grad((y_out * dy).sum() + (state_out * dstate).sum(), leaves)
-    for name, grad_ref, grad_out in zip(inputs, grads_ref, grads_out):
-        assert_close(f"grad {name}", grad_ref, grad_out, ATOL)
+    assert_same_outputs_and_grads(lambda **kw: run(selective_scan_naive, kw),
+                                  lambda **kw: run(selective_scan_chunked, kw, chunk_size=chunk_size), inputs, ATOL)
 
 
 @pytest.mark.parametrize("shape", SHAPES)
