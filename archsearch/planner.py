@@ -16,6 +16,7 @@ from typing import Any
 from archsearch import __version__
 from archsearch.arch.families import layer_count, spec_maker
 from archsearch.arch.spec import ArchSpec
+from archsearch.arch.structures.memory import overhead as memory_overhead
 from archsearch.budget import (
     BudgetError,
     count_params,
@@ -57,6 +58,8 @@ class PlannedTrial:
         out.update(family=self.spec.family, structure=self.spec.structure, d_model=self.spec.d_model,
                    num_layers=self.spec.num_layers, mlp_widths=list(self.spec.mlp_widths),
                    spec=self.spec.to_dict(), recipe=self.recipe, data=self.data)
+        if self.spec.structure == "memory":  # the paper reports it: "+3.7% parameters"
+            out["memory_overhead"] = memory_overhead(self.spec)
         return out
 
 

@@ -255,7 +255,7 @@ class _LeakyMemory:
     def __init__(self, memory):
         self.memory = memory
 
-    def __call__(self, hn_BTD):
+    def __call__(self, hn_BTD, start_BMS=None):
         m, states = self.memory, []
         state = m.initial_MS.repeat(hn_BTD.shape[0], 1, 1)
         for start in range(0, hn_BTD.shape[1], m.segment):
@@ -310,7 +310,7 @@ def test_segment_states_depend_only_on_earlier_segments():
     changed[:, 11] += 1.0  # segment 2
     with torch.no_grad():
         a, b = model.memory.segment_states(hn), model.memory.segment_states(changed)
-    assert a.shape == (2, 5, 3, spec.d_model)
+    assert a.shape == (2, 5, 3, memory_options(spec).memory_dim)
     assert torch.equal(a[:, :3], b[:, :3]) and not torch.allclose(a[:, 3:], b[:, 3:])
 
 

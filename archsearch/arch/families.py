@@ -92,10 +92,15 @@ def _structure(point: Mapping[str, Any]) -> tuple[str, dict]:
     if family == "universal":
         return "universal", {"steps": point["loops"]}
     if family == "memory":
-        options = {"placement": point["memory.placement"], "slots": point["memory.slots"],
-                   "segment": point["memory.segment"]}
-        if point["memory.width"]:  # 0 keeps the structure's default, d_model
+        options = {"slots": point["memory.slots"], "segment": point["memory.segment"]}
+        if point["memory.placement"] is not None:  # None keeps the structure's default: between the halves
+            options["placement"] = point["memory.placement"]
+        if point["memory.width"]:  # 0 keeps the structure's default width
             options["memory_dim"] = point["memory.width"]
+        if point.get("memory.aux", "none") != "none":
+            options.update(aux=point["memory.aux"], aux_weight=point["memory.aux_weight"])
+        if point.get("memory.carry"):
+            options["carry"] = True
         return "memory", options
     if family == "gpn":
         return ("gpn_m" if point["gpn.memory"] else "gpn"), {}

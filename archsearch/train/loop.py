@@ -77,13 +77,17 @@ def train_trial(*, spec: ArchSpec, recipe: dict, data: dict | Source, seed: int,
                                    fingerprint=fingerprint)
     # The compiled module shares the model's parameters; checkpoints save the plain model.
     forward = torch.compile(model) if recipe.get("compile") else model
+    streams, carry = _carries_state(model), contextlib.ExitStack()  # a memory's state, batch to batch, per row
+    if streams:
+        _check_streams(source, grad_accum)
+        carry.enter_context(model.carrying())
     autocast = _autocast(recipe, device)
     start = time.perf_counter() - state.elapsed_s
     for step in range(state.step, steps):
         lr = recipe_lr(step, recipe, steps=steps)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        batch = source.batch(split="train", batch_size=batch_size, generator=train_stream)
+        batch = _train_batch(source, batch_size=batch_size, generator=train_stream, step=step, streams=streams)
         optimizer.zero_grad(set_to_none=True)
         loss = _backward(forward, batch, grad_accum=grad_accum, device=device, autocast=autocast, step=step)
         torch.nn.utils.clip_grad_norm_(model.parameters(), recipe["grad_clip"])
@@ -102,6 +106,7 @@ def train_trial(*, spec: ArchSpec, recipe: dict, data: dict | Source, seed: int,
             checkpoint.save(checkpoint_dir, model=model, spec=spec, optimizer=optimizer, state=state,
                             generator=train_stream, fingerprint=fingerprint)
     wall = time.perf_counter() - start
+    carry.close()
     if checkpoint_dir is not None:
         checkpoint.save_final(checkpoint_dir, model=model, spec=spec)
     last = state.curve[-1]
@@ -118,8 +123,8 @@ def evaluate(model: torch.nn.Module, source: Source, recipe: dict, *, seed: int,
     model.eval()
     stream = torch.Generator().manual_seed(seed + 1_000_003)
     losses, hits, scored = [], 0, 0
-    for _ in range(recipe["eval_batches"]):
-        batch = _to(source.batch(split="val", batch_size=recipe["batch_size"], generator=stream), device)
+    for batch in _val_batches(getattr(model, "_orig_mod", model), source, recipe, stream):
+        batch = _to(batch, device)
         with _autocast_context(device, autocast):
             logits_BTV = model(batch.inputs)
         losses.append(_loss(logits_BTV, batch.targets).item())
@@ -161,6 +166,40 @@ def _backward(model: torch.nn.Module, batch: Batch, *, grad_accum: int, device: 
         loss.backward()
         total += loss.item()
     return total
+
+
+def _carries_state(model: torch.nn.Module) -> bool:
+    """Whether the model carries a state across batches (a memory with ``carry``)."""
+    options = getattr(model, "options", None)
+    return bool(getattr(options, "carry", False))
+
+
+def _check_streams(source: Source, grad_accum: int) -> None:
+    if not hasattr(source, "stream_batch"):
+        raise ValueError(f"memory carry needs consecutive windows of one stream per row, which only text data "
+                         f"gives; {type(source).__name__} draws independent examples (use data.kind: text)")
+    if grad_accum != 1:
+        raise ValueError("memory carry keeps one state per batch row; use recipe.grad_accum: 1")
+
+
+def _val_batches(model: torch.nn.Module, source: Source, recipe: dict, stream: torch.Generator):
+    """The evaluation batches: random windows drawn with ``stream``, or, for a
+    model that carries a state, consecutive windows read from fresh slots."""
+    if not _carries_state(model):
+        for _ in range(recipe["eval_batches"]):
+            yield source.batch(split="val", batch_size=recipe["batch_size"], generator=stream)
+        return
+    with model.carrying():
+        for index in range(recipe["eval_batches"]):
+            yield source.stream_batch(split="val", batch_size=recipe["batch_size"], step=index)
+
+
+def _train_batch(source: Source, *, batch_size: int, generator: torch.Generator, step: int,
+                 streams: bool) -> Batch:
+    """Random windows, or with ``streams`` batch ``step`` of consecutive windows per row."""
+    if streams:
+        return source.stream_batch(split="train", batch_size=batch_size, step=step)
+    return source.batch(split="train", batch_size=batch_size, generator=generator)
 
 
 def _loss(logits_BTV: torch.Tensor, targets_BT: torch.Tensor) -> torch.Tensor:

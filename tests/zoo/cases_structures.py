@@ -26,6 +26,12 @@ CASES = {
     "memory-after-1-slots5-segment7-dim24-heads3-untied": memory(placement=1, slots=5, segment=7, memory_dim=24,
                                                                 memory_heads=3, tie=False),
     "memory-after-last-slots1-segment40": memory(placement=2, slots=1, segment=40),
+    "memory-defaults-d48": memory(d_model=48),
+    "memory-aux-self-segment7": memory(slots=3, segment=7, aux="self"),
+    "memory-aux-random-segment7": memory(slots=3, segment=7, aux="random", aux_weight=1.0),
+    "memory-carry-segment7": memory(slots=3, segment=7, carry=True),
+    "memory-carry-aux-self-segment8-heads2": memory(slots=2, segment=8, memory_dim=16, memory_heads=2, carry=True,
+                                                   aux="self"),
 }
 
 LEARN = {
