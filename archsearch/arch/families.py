@@ -88,7 +88,11 @@ def spec_maker(point: Mapping[str, Any], options: ModelOptions, *, vocab_size: i
 def _structure(point: Mapping[str, Any]) -> tuple[str, dict]:
     family = point["family"]
     if family == "looped":
-        return "looped", {"loops": point["loops"], "exit_gate": point["exit_gate"], "inject": True}
+        options = {"loops": point["loops"], "exit_gate": point["exit_gate"], "inject": True}
+        if point["exit_gate"]:  # the gate's options; written only where they differ from the structure's defaults
+            defaults = {"exit_threshold": None, "cache_hole": 0.0, "exit_entropy": 0.05}
+            options.update({k: point[k] for k, default in defaults.items() if point.get(k, default) != default})
+        return "looped", options
     if family == "universal":
         return "universal", {"steps": point["loops"]}
     if family == "memory":

@@ -135,6 +135,15 @@ class Axes(Strict):
     loops: axis(Annotated[int, Field(ge=1, le=64)]) = Field(
         default=2, validate_default=True, description="applications of a shared group (looped, universal)")
     exit_gate: axis(bool) = fixed(False)
+    exit_threshold: axis(Union[Annotated[float, Field(gt=0, le=1)], None]) = Field(
+        default=None, validate_default=True,
+        description="looped with exit_gate, evaluation: a token exits once its cumulative exit probability "
+                    "reaches this; null runs every loop")
+    cache_hole: axis(Annotated[float, Field(ge=0, le=1)]) = Field(
+        default=0.0, validate_default=True,
+        description="looped with exit_gate, training: share of tokens that take a sampled exit")
+    exit_entropy: axis(Annotated[float, Field(ge=0)]) = Field(
+        default=0.05, validate_default=True, description="looped with exit_gate: beta of the entropy bonus")
     attention: AttentionAxes = AttentionAxes()
     hybrid: HybridAxes = HybridAxes()
     memory: MemoryAxes = MemoryAxes()
@@ -237,7 +246,7 @@ FAMILY_AXES: dict[str, tuple[str, ...]] = {
     "mamba": _BASE,
     "gdn": _BASE,
     "hybrid": _BASE + ("hybrid.ratio", "hybrid.pattern", "hybrid.mixer"),
-    "looped": _BASE + ("loops", "exit_gate", "hybrid.pattern"),
+    "looped": _BASE + ("loops", "exit_gate", "exit_threshold", "cache_hole", "exit_entropy", "hybrid.pattern"),
     "memory": _BASE + ("memory.placement", "memory.slots", "memory.width", "memory.segment", "memory.aux",
                        "memory.aux_weight", "memory.carry"),
     "gpn": ("family", "taper.shape", "taper.ratio", "gpn.layers", "gpn.memory"),
