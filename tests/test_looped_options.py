@@ -170,10 +170,14 @@ def test_gate_steps_train_the_gate_alone(tmp_path):
         assert same != name.startswith("exit_gate."), name
 
 
-def test_gate_steps_need_a_gate():
+def test_models_without_a_gate_skip_the_gate_stage():
+    result = train_trial(spec=looped(loops=2), recipe=_recipe(steps=2, gate_steps=3, batch_size=4, eval_every=2,
+                                                              warmup_steps=1, eval_batches=1),
+                         data=MQAR(vocab_size=64, seq_len=32, num_pairs=4), seed=0, threads=1)
+    assert result.steps == 2
     with pytest.raises(ValueError, match="exit_gate"):
-        train_trial(spec=looped(loops=2), recipe=_recipe(steps=1, gate_steps=1),
-                    data=MQAR(vocab_size=64, seq_len=32, num_pairs=4), seed=0, threads=1)
+        build_model(looped(loops=2)).gate_loss(torch.zeros(1, 4, dtype=torch.long), torch.zeros(1, 4,
+                                                                                                 dtype=torch.long))
 
 
 # -- what exits save, as evaluation metrics -----------------------------------------------------------

@@ -223,3 +223,20 @@ def test_carry_refuses_sources_without_streams():
     with pytest.raises(ValueError, match="text data"):
         train_trial(spec=memory(d_model=32, carry=True), recipe=_recipe(steps=1), data=MQAR(vocab_size=64, seq_len=32, num_pairs=4),
                     seed=0, threads=1)
+
+
+RECIPE = "recipe: {steps: 4, batch_size: 2, warmup_steps: 1, eval_every: 2, eval_batches: 2}"
+
+
+@pytest.mark.parametrize("field, old, new", [
+    ("data.kind", "data: {kind: text, paths: [CORPUS], seq_len: 16}", "data: {kind: mqar, seq_len: 32}"),
+    ("recipe.grad_accum", RECIPE, "recipe: {steps: 4, batch_size: 4, grad_accum: 2}"),
+], ids=["not-text", "grad-accum"])
+def test_plan_refuses_carry_it_cannot_stream(tmp_path, corpus, field, old, new):
+    path = _memory_study(tmp_path, corpus, memory_axes="memory: {carry: true}")
+    text = path.read_text()
+    assert old.replace("CORPUS", str(corpus)) in text
+    path.write_text(text.replace(old.replace("CORPUS", str(corpus)), new))
+    with pytest.raises(A.SpecError, match=field.replace(".", r"\.")) as err:
+        A.plan(A.load_study(path))
+    assert "study.yaml:" in str(err.value)

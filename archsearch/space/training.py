@@ -169,7 +169,8 @@ class Recipe(Strict):
     compile: bool = Field(default=False, description="torch.compile the model")
     gate_steps: int = Field(
         default=0, ge=0, description="looped with exit_gate: Ouro's stage II after the main steps, this many steps "
-                                     "training only the exit gate on each loop's loss improvement, the LM frozen")
+                                     "training only the exit gate on each loop's loss improvement, the LM frozen; "
+                                     "models without a gate ignore it")
 
     @field_validator("tokens", mode="before")
     @classmethod

@@ -67,10 +67,8 @@ def train_trial(*, spec: ArchSpec, recipe: dict, data: dict | Source, seed: int,
     optimizer = adamw(model, recipe)
     train_stream = torch.Generator().manual_seed(seed)
     steps = resolve_steps(recipe, params=count_params(spec), seq_len=_seq_len(source))
-    gate_steps = recipe.get("gate_steps", 0)  # Ouro stage II, after the main steps
-    if gate_steps and not hasattr(model, "gate_loss"):
-        raise ValueError(f"recipe.gate_steps trains an exit gate; a {spec.structure} model has none "
-                         "(use family: looped with exit_gate: true, or gate_steps: 0)")
+    # Ouro stage II after the main steps, for models with an exit gate (the others ignore it)
+    gate_steps = recipe.get("gate_steps", 0) if getattr(model, "exit_gate", None) is not None else 0
     batch_size, grad_accum = recipe["batch_size"], recipe.get("grad_accum", 1)
     save_every = checkpoint_every or recipe["eval_every"]
     fingerprint = _fingerprint(spec, recipe, data, seed)
