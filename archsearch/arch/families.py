@@ -96,9 +96,10 @@ def _structure(point: Mapping[str, Any]) -> tuple[str, dict]:
     if family == "universal":
         return "universal", {"steps": point["loops"]}
     if family == "memory":
-        options = {"slots": point["memory.slots"], "segment": point["memory.segment"]}
-        if point["memory.placement"] is not None:  # None keeps the structure's default: between the halves
-            options["placement"] = point["memory.placement"]
+        placement = point["memory.placement"]
+        if placement is None:  # between the halves, the structure's own default (memory_options)
+            placement = max(0, point["num_layers"] // 2 - 1)
+        options = {"placement": placement, "slots": point["memory.slots"], "segment": point["memory.segment"]}
         if point["memory.width"]:  # 0 keeps the structure's default width
             options["memory_dim"] = point["memory.width"]
         if point.get("memory.aux", "none") != "none":
