@@ -97,7 +97,8 @@ def train_trial(*, spec: ArchSpec, recipe: dict, data: dict | Source, seed: int,
         torch.nn.utils.clip_grad_norm_(model.parameters(), recipe["grad_clip"])
         optimizer.step()
         state.step, state.tokens = step + 1, state.tokens + batch.inputs.numel()
-        state.recent = (state.recent + [loss])[-10:]
+        # in the gate stage train_loss is the gate's loss, not averaged with the LM's
+        state.recent = (([] if step == steps else state.recent) + [loss])[-10:]
         if state.step % recipe["eval_every"] == 0 or state.step in (steps, steps + gate_steps):
             val_loss, val_accuracy = evaluate(forward, source, recipe, seed=seed, device=device, autocast=autocast)
             row = dict(step=state.step, tokens=state.tokens, train_loss=sum(state.recent) / len(state.recent),
