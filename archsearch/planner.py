@@ -16,6 +16,7 @@ from typing import Any
 from archsearch import __version__
 from archsearch.arch.families import layer_count, spec_maker
 from archsearch.arch.spec import ArchSpec
+from archsearch.arch.structures.memory import overhead as memory_overhead
 from archsearch.budget import (
     BudgetError,
     count_params,
@@ -57,6 +58,8 @@ class PlannedTrial:
         out.update(family=self.spec.family, structure=self.spec.structure, d_model=self.spec.d_model,
                    num_layers=self.spec.num_layers, mlp_widths=list(self.spec.mlp_widths),
                    spec=self.spec.to_dict(), recipe=self.recipe, data=self.data)
+        if self.spec.structure == "memory":  # the paper reports it: "+3.7% parameters"
+            out["memory_overhead"] = memory_overhead(self.spec)
         return out
 
 
@@ -93,6 +96,7 @@ def plan(study: Study) -> list[PlannedTrial]:
                                  solve_for=budget.solve_for, d_model=space.model.d_model)
             except BudgetError as err:
                 raise _budget_error(study, index, point, err) from None
+            _check_carry(study, solution.spec)
             arms = [("looped", point, budget.match, target, solution.achieved, solution.spec)]
             if budget.protocol != "none" and point["family"] == "looped":
                 arms = [("looped", *arms[0][1:]), _baseline_arm(budget.protocol, point, solution.spec, seq_len)]
@@ -153,6 +157,23 @@ def _trial(study: Study, axes: dict, seed: int, match: str, target: float, achie
         target=target, achieved=achieved, match_error=achieved / target - 1, params=count_params(spec),
         total_params=count_params(spec, embeddings=True), flops_per_token=flops_per_token(spec, seq_len=seq_len),
         state=state, sweep_group=sweep_group, spec=spec, recipe=recipe, data=data)
+
+
+def _check_carry(study: Study, spec: ArchSpec) -> None:
+    """A memory that carries its state across batches reads one text stream per batch row."""
+    if spec.structure != "memory" or not spec.options.get("carry"):
+        return
+    if study.data.kind != "text":
+        problem, loc, hint = (f"memory.carry needs text data (one stream per batch row), not {study.data.kind}",
+                              ("data", "kind"), "use data.kind: text, or memory.carry: false")
+    elif study.recipe.grad_accum != 1:
+        problem, loc, hint = ("memory.carry keeps one state per batch row, so micro-batches cannot split rows",
+                              ("recipe", "grad_accum"), "use recipe.grad_accum: 1")
+    else:
+        return
+    if study._origin is None:
+        raise SpecError(problem, field=".".join(loc), hint=hint)
+    raise study._origin.error(problem, loc=loc, hint=hint)
 
 
 def _budget_error(study: Study, index: int, point: dict, err: BudgetError) -> SpecError:

@@ -117,7 +117,7 @@ def test_exit_threshold_freezes_exited_tokens():
     nn.init.normal_(model.exit_gate.weight, std=0.5)
     tokens = torch.randint(0, spec.vocab_size, (3, 17))
     with torch.no_grad():
-        states, lambdas = model.loops(model.embed(tokens), keep_all=True)
+        states, lambdas, _ = model.loops(model.embed(tokens), keep_all=True)
     frozen = _frozen_after(states, lambdas, 0.5)
     assert frozen[0].any() and not frozen[-1].all(), "choose a case where some tokens exit and some do not"
     for r in range(len(lambdas)):
@@ -155,7 +155,7 @@ def test_skip_aware_mixers_get_the_exited_tokens(monkeypatch):
     nn.init.normal_(model.exit_gate.weight, std=0.5)
     tokens = torch.randint(0, spec.vocab_size, (2, 11))
     with torch.no_grad():
-        states, lambdas = model.loops(model.embed(tokens), keep_all=True)
+        states, lambdas, _ = model.loops(model.embed(tokens), keep_all=True)
     frozen = _frozen_after(states, lambdas, 0.5)
     assert len(_SkipSpy.seen) == 3 and not _SkipSpy.seen[0].any()
     assert frozen[0].any()
@@ -183,7 +183,7 @@ def test_looped_mamba_skips_exited_tokens(monkeypatch):
     nn.init.normal_(model.exit_gate.weight, std=0.5)
     tokens = torch.randint(0, spec.vocab_size, (2, 11))
     with torch.no_grad():
-        states, lambdas = model.loops(model.embed(tokens), keep_all=True)
+        states, lambdas, _ = model.loops(model.embed(tokens), keep_all=True)
         changed = tokens.clone()
         changed[:, 6:] = (changed[:, 6:] + 1) % spec.vocab_size
         assert torch.allclose(model(tokens)[:, :6], model(changed)[:, :6], atol=1e-5)
@@ -199,10 +199,10 @@ def test_cache_hole_samples_exits_in_training_only():
     # the gate says "exit now" to every token: all of them freeze after loop 1 in training
     nn.init.constant_(model.exit_gate.bias, 20.0)
     tokens = torch.randint(0, spec.vocab_size, (2, 10))
-    states, _ = model.train().loops(model.embed(tokens), keep_all=True)
+    states, _, _ = model.train().loops(model.embed(tokens), keep_all=True)
     assert torch.equal(states[2], states[0])
     with torch.no_grad():
-        states, _ = model.eval().loops(model.embed(tokens), keep_all=True)
+        states, _, _ = model.eval().loops(model.embed(tokens), keep_all=True)
     assert not torch.allclose(states[2], states[0])
     # with an undecided gate the sampled exits still leave a gradient for it (through p, not the draws)
     nn.init.zeros_(model.exit_gate.bias)
@@ -255,7 +255,7 @@ class _LeakyMemory:
     def __init__(self, memory):
         self.memory = memory
 
-    def __call__(self, hn_BTD):
+    def __call__(self, hn_BTD, start_BMS=None):
         m, states = self.memory, []
         state = m.initial_MS.repeat(hn_BTD.shape[0], 1, 1)
         for start in range(0, hn_BTD.shape[1], m.segment):
@@ -310,7 +310,7 @@ def test_segment_states_depend_only_on_earlier_segments():
     changed[:, 11] += 1.0  # segment 2
     with torch.no_grad():
         a, b = model.memory.segment_states(hn), model.memory.segment_states(changed)
-    assert a.shape == (2, 5, 3, spec.d_model)
+    assert a.shape == (2, 5, 3, memory_options(spec).memory_dim)
     assert torch.equal(a[:, :3], b[:, :3]) and not torch.allclose(a[:, 3:], b[:, 3:])
 
 

@@ -156,6 +156,9 @@ def _canonical(point: dict) -> None:
             point.pop("hybrid.pattern", None)
     if point["family"] == "looped" and not point.get("hybrid.pattern"):
         point["hybrid.pattern"] = "A"
+    if point["family"] == "looped" and not point.get("exit_gate"):  # the gate's options need a gate
+        for name in ("exit_threshold", "cache_hole", "exit_entropy"):
+            point.pop(name, None)
 
 
 def _typed(space: Space, dotted: str, value: Any) -> Any:

@@ -103,12 +103,19 @@ class HybridAxes(Strict):
 
 
 class MemoryAxes(Strict):
-    placement: axis(Annotated[int, Field(ge=0)]) = Field(
-        default=0, validate_default=True, description="the memory sits after this layer index")
+    placement: axis(Union[Annotated[int, Field(ge=0)], None]) = Field(
+        default=None, validate_default=True,
+        description="the memory sits after this layer index; null: between the halves (3 and 3 of 6 layers)")
     slots: axis(PositiveInt) = fixed(8)
     width: axis(Annotated[int, Field(ge=0)]) = Field(default=0, validate_default=True,
-                                     description="memory slot width; 0 = d_model")
+                                     description="memory slot width; 0 = 0.53 x d_model (the paper's +3.7%)")
     segment: axis(PositiveInt) = fixed(32)
+    aux: axis(Literal["none", "self", "random"]) = Field(
+        default="none", validate_default=True,
+        description="auxiliary loss: self = the state predicts its next state; random = the noise control")
+    aux_weight: axis(Annotated[float, Field(ge=0)]) = fixed(0.1)
+    carry: axis(bool) = Field(default=False, validate_default=True,
+                              description="carry the state across consecutive batches of a stream (text data)")
 
 
 class GpnAxes(Strict):
@@ -128,6 +135,15 @@ class Axes(Strict):
     loops: axis(Annotated[int, Field(ge=1, le=64)]) = Field(
         default=2, validate_default=True, description="applications of a shared group (looped, universal)")
     exit_gate: axis(bool) = fixed(False)
+    exit_threshold: axis(Union[Annotated[float, Field(gt=0, le=1)], None]) = Field(
+        default=None, validate_default=True,
+        description="looped with exit_gate, evaluation: a token exits once its cumulative exit probability "
+                    "reaches this; null runs every loop")
+    cache_hole: axis(Annotated[float, Field(ge=0, le=1)]) = Field(
+        default=0.0, validate_default=True,
+        description="looped with exit_gate, training: share of tokens that take a sampled exit")
+    exit_entropy: axis(Annotated[float, Field(ge=0)]) = Field(
+        default=0.05, validate_default=True, description="looped with exit_gate: beta of the entropy bonus")
     attention: AttentionAxes = AttentionAxes()
     hybrid: HybridAxes = HybridAxes()
     memory: MemoryAxes = MemoryAxes()
@@ -230,8 +246,9 @@ FAMILY_AXES: dict[str, tuple[str, ...]] = {
     "mamba": _BASE,
     "gdn": _BASE,
     "hybrid": _BASE + ("hybrid.ratio", "hybrid.pattern", "hybrid.mixer"),
-    "looped": _BASE + ("loops", "exit_gate", "hybrid.pattern"),
-    "memory": _BASE + ("memory.placement", "memory.slots", "memory.width", "memory.segment"),
+    "looped": _BASE + ("loops", "exit_gate", "exit_threshold", "cache_hole", "exit_entropy", "hybrid.pattern"),
+    "memory": _BASE + ("memory.placement", "memory.slots", "memory.width", "memory.segment", "memory.aux",
+                       "memory.aux_weight", "memory.carry"),
     "gpn": ("family", "taper.shape", "taper.ratio", "gpn.layers", "gpn.memory"),
     "hrm": _BASE + ("hrm.N", "hrm.T"),
     "universal": _BASE + ("loops",),

@@ -21,7 +21,7 @@ import pyarrow as pa
 from archsearch.errors import StoreError
 
 # Bump when a table changes shape; an older store is refused with a clear line.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR);
@@ -42,7 +42,7 @@ CREATE TABLE IF NOT EXISTS study_trials (
     study VARCHAR, trial_id VARCHAR, PRIMARY KEY (study, trial_id));
 CREATE TABLE IF NOT EXISTS metrics (
     trial_id VARCHAR, step BIGINT, tokens BIGINT, train_loss DOUBLE, val_loss DOUBLE, val_accuracy DOUBLE,
-    lr DOUBLE,
+    lr DOUBLE, loop_fraction DOUBLE, loop_time_ratio DOUBLE,
     PRIMARY KEY (trial_id, step));
 """
 
@@ -146,9 +146,10 @@ class Store:
         self._mark_sweep_best(trial_id)
         self.db.execute("DELETE FROM metrics WHERE trial_id = ?", [trial_id])
         if result["curve"]:
-            self.db.executemany("INSERT INTO metrics VALUES (?, ?, ?, ?, ?, ?, ?)",
+            # loop_fraction and loop_time_ratio: looped models with early exits only (NULL otherwise)
+            self.db.executemany("INSERT INTO metrics VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                                 [[trial_id, r["step"], r["tokens"], r["train_loss"], r["val_loss"],
-                                  r["val_accuracy"], r["lr"]]
+                                  r["val_accuracy"], r["lr"], r.get("loop_fraction"), r.get("loop_time_ratio")]
                                  for r in result["curve"]])
 
     def _mark_sweep_best(self, trial_id: str) -> None:
@@ -185,7 +186,8 @@ class Store:
                         "WHERE st.study = ? ORDER BY t.created_at, t.trial_id", [study])
 
     def metrics(self, study: str | None = None) -> pa.Table:
-        """Per-evaluation rows (trial_id, step, tokens, losses, lr)."""
+        """Per-evaluation rows (trial_id, step, tokens, losses, lr; loop_fraction and loop_time_ratio for
+        looped models with early exits)."""
         if study is None:
             return self.sql("SELECT * FROM metrics ORDER BY trial_id, step")
         return self.sql("SELECT m.* FROM metrics m JOIN study_trials st USING (trial_id) "
