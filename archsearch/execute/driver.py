@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from archsearch.planner import PlannedTrial, plan
+from archsearch.search import Searcher
 from archsearch.space.schema import Study
 from archsearch.store import Store, checkpoint_dir, open_store
 
@@ -35,19 +36,26 @@ def run_study(study: Study, *, store: str | Path = "archsearch.duckdb", address:
     ``address``: None for embedded local Ray, or a cluster address ("auto",
     "ray://host:10001"). ``max_parallel`` overrides ``execution.max_parallel``.
     """
+    from archsearch.search import make_searcher
+
     start = time.perf_counter()
-    trials = plan(study)
     origin = study._origin
     with open_store(store) as db:
         db.add_study(name=study.name, path=origin.path if origin else "", config=_config(study))
-        db.add_trials(study.name, [t.to_dict() for t in trials])
-        done = db.completed_ids()
-        todo = [t for t in trials if t.trial_id not in done]
+        searcher = make_searcher(study, store=str(store), known=db.trial_rows())
+        if study.search.sampler == "grid":  # the whole grid shows in `status` before anything runs
+            trials = plan(study)
+            db.add_trials(study.name, [t.to_dict() for t in trials])
+            planned, skipped = len(trials), len(trials) - searcher.total
         completed = failed = 0
-        if todo:
-            completed, failed = _run_on_ray(todo, db, study, store=store, address=address,
+        if not searcher.exhausted:
+            completed, failed = _run_on_ray(searcher, db, study, store=store, address=address,
                                             max_parallel=max_parallel, show_progress=show_progress)
-    return RunSummary(study=study.name, planned=len(trials), skipped=len(trials) - len(todo),
+        if study.search.sampler != "grid":
+            db.record_proposals(study.name, searcher.records)
+            planned = len(db.trials(study.name))
+            skipped = planned - completed - failed
+    return RunSummary(study=study.name, planned=planned, skipped=skipped,
                       completed=completed, failed=failed, wall_time_s=time.perf_counter() - start)
 
 
@@ -63,7 +71,7 @@ def _trial_task(payload: dict) -> dict:
 
 
 
-def _run_on_ray(todo: list[PlannedTrial], db: Store, study: Study, *, store: str | Path, address: str | None,
+def _run_on_ray(searcher: Searcher, db: Store, study: Study, *, store: str | Path, address: str | None,
                 max_parallel: int | None, show_progress: bool) -> tuple[int, int]:
     import ray
 
@@ -81,25 +89,28 @@ def _run_on_ray(todo: list[PlannedTrial], db: Store, study: Study, *, store: str
         width = max_parallel or (execution.max_parallel if execution.max_parallel != "auto" else 0)
         width = max(1, width or cpus // threads)
         task = ray.remote(num_cpus=min(threads, cpus), max_retries=execution.retries)(_trial_task)
-        return _drain(todo, db, task, store=store, width=width, threads=threads, show_progress=show_progress)
+        return _drain(searcher, db, task, study=study.name, store=store, width=width, threads=threads,
+                      show_progress=show_progress)
     finally:
         if owns_ray:
             ray.shutdown()
 
 
-def _drain(todo: list[PlannedTrial], db: Store, task: Any, *, store: str | Path, width: int, threads: int,
+def _drain(searcher: Searcher, db: Store, task: Any, *, study: str, store: str | Path, width: int, threads: int,
            show_progress: bool) -> tuple[int, int]:
     import ray
 
     from archsearch.execute.progress import TrialProgress
 
-    queue = list(todo)
     running: dict[Any, PlannedTrial] = {}
     completed = failed = 0
-    with TrialProgress(total=len(todo), enabled=show_progress) as progress:
-        while queue or running:
-            while queue and len(running) < width:
-                trial = queue.pop(0)
+    with TrialProgress(total=searcher.expected, enabled=show_progress) as progress:
+        while True:
+            asked = searcher.ask(width - len(running))
+            if not asked and not running:
+                break
+            db.add_trials(study, [t.to_dict() for t in asked])
+            for trial in asked:
                 db.mark_running(trial.trial_id)
                 payload = dict(spec=trial.spec.to_dict(), recipe=trial.recipe, data=trial.data,
                                seed=trial.seed, threads=threads,
@@ -110,12 +121,19 @@ def _drain(todo: list[PlannedTrial], db: Store, task: Any, *, store: str | Path,
             for ref in ready:
                 trial = running.pop(ref)
                 try:
-                    db.finish(trial.trial_id, ray.get(ref))
+                    result = ray.get(ref)
+                    db.finish(trial.trial_id, result)
                     completed += 1
                 except Exception as err:  # a trial's failure is recorded, never fatal to the study
+                    result = None
                     db.fail(trial.trial_id, _one_line(err))
                     failed += 1
                     progress.note(f"trial {trial.trial_id} failed: {_one_line(err)}")
+                searcher.tell(trial, result)
+            records = getattr(searcher, "records", None)
+            if records:  # proposals reach the store as they finish
+                db.record_proposals(study, records)
+                records.clear()
         progress.update(completed=completed, running=0, failed=failed)
     return completed, failed
 

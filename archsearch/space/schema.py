@@ -47,7 +47,9 @@ class Axis(Strict, Generic[T]):
         if self.values is None:
             if self.low is None or self.high is None:
                 raise ValueError("give values, or both low and high")
-            if (self.grid is None) == (self.sample is None):
+            # neither is fine for a sampled search (the range itself is the
+            # distribution); expand() asks a grid search for one of them
+            if self.grid is not None and self.sample is not None:
                 raise ValueError("a range needs exactly one of grid: N or sample: N")
             if self.low > self.high:
                 raise ValueError(f"low ({self.low}) is above high ({self.high})")
@@ -207,8 +209,40 @@ class Execution(Strict):
     retries: int = Field(default=1, ge=0, le=10, description="re-runs of a trial whose worker died")
 
 
+SAMPLERS = ("grid", "random", "tpe", "nsga2", "cmaes", "gp")
+OBJECTIVES = ("val_loss", "params", "flops_per_token", "train_flops", "tokens_per_s", "state_bytes",
+              "val_accuracy")
+_OBJECTIVE = r"^(" + "|".join(OBJECTIVES) + r"):(min|max)$"
+
+
+class Search(Strict):
+    """Which points of the space to train: all of them (grid), or proposals of
+    an Optuna sampler told each result as it lands."""
+
+    sampler: Literal[SAMPLERS] = Field(
+        default="grid", description="grid: every point; random | tpe | nsga2 | cmaes | gp: Optuna's sampler, "
+                                    "asked for one point at a time")
+    trials: int | None = Field(default=None, ge=1, le=100_000,
+                               description="points to propose in all (samplers; a rerun with more continues)")
+    seed: int = Field(default=0, ge=0, le=2**31 - 1, description="the sampler's seed")
+    objectives: list[Annotated[str, Field(pattern=_OBJECTIVE)]] = Field(
+        default=["val_loss:min"], min_length=1, max_length=4,
+        description="NAME:min|max, NAME one of " + ", ".join(OBJECTIVES))
+
+    @model_validator(mode="after")
+    def _sampler_needs(self) -> Search:
+        if self.sampler != "grid" and self.trials is None:
+            raise ValueError(f"sampler {self.sampler} needs trials: N (how many points to propose)")
+        if self.sampler == "cmaes" and len(self.objectives) > 1:
+            raise ValueError("cmaes optimises one objective; use nsga2 or tpe for several")
+        names = [o.split(":")[0] for o in self.objectives]
+        if len(set(names)) < len(names):
+            raise ValueError("an objective is listed twice")
+        return self
+
+
 class Study(Strict):
-    """A study: a space, a budget ladder, data, a recipe, seeds, execution."""
+    """A study: a space, a budget ladder, data, a recipe, seeds, search, execution."""
 
     include: Union[str, list[str], None] = INCLUDE
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description="letters, digits, _ . -")
@@ -217,6 +251,7 @@ class Study(Strict):
     data: Data = TextData()
     recipe: Recipe = Recipe()
     seeds: list[int] = Field(default=[0], min_length=1)
+    search: Search = Search()
     execution: Execution = Execution()
     _origin: Any = PrivateAttr(default=None)
 

@@ -40,6 +40,9 @@ CREATE TABLE IF NOT EXISTS trials (
     code_version VARCHAR, created_at TIMESTAMPTZ, finished_at TIMESTAMPTZ);
 CREATE TABLE IF NOT EXISTS study_trials (
     study VARCHAR, trial_id VARCHAR, PRIMARY KEY (study, trial_id));
+CREATE TABLE IF NOT EXISTS search_proposals (
+    study VARCHAR, number INTEGER, point JSON, trial_ids JSON, objectives JSON, "values" JSON,
+    state VARCHAR, finished_at TIMESTAMPTZ, PRIMARY KEY (study, number));
 CREATE TABLE IF NOT EXISTS metrics (
     trial_id VARCHAR, step BIGINT, tokens BIGINT, train_loss DOUBLE, val_loss DOUBLE, val_accuracy DOUBLE,
     lr DOUBLE,
@@ -81,6 +84,8 @@ class Store:
             self.db.execute(SCHEMA)
             self.db.execute("INSERT INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
         self._check_version()
+        if not read_only:  # tables added since schema 1 without changing an existing one
+            self.db.execute(SCHEMA)
 
     def _check_version(self) -> None:
         try:
@@ -164,7 +169,29 @@ class Store:
         self.db.execute("UPDATE trials SET status = 'failed', error = ?, finished_at = ? WHERE trial_id = ?",
                         [error, _now(), trial_id])
 
+    def record_proposals(self, study: str, records: list[dict]) -> None:
+        """A sampled search's finished proposals: the point, its trials and the
+        objective values the sampler was told (None for a failed proposal)."""
+        if not records:
+            return
+        now = _now()
+        self.db.executemany(
+            "INSERT OR REPLACE INTO search_proposals VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            [[study, r["number"], json.dumps(r["point"], default=str), json.dumps(r["trial_ids"]),
+              json.dumps(r["objectives"]), json.dumps(r["values"]), r["state"], now] for r in records])
+
     # reading
+
+    def trial_rows(self) -> dict[str, dict]:
+        """Every trial's plan and result columns by trial id (for searches
+        that must not train a finished trial again)."""
+        table = self.sql("SELECT trial_id, status, params, flops_per_token, state, val_loss, val_accuracy, "
+                         "tokens, tokens_per_s FROM trials")
+        return {row["trial_id"]: row for row in table.to_pylist()}
+
+    def proposals(self, study: str) -> pa.Table:
+        """A sampled search's proposals, in the order they were asked."""
+        return self.sql("SELECT * FROM search_proposals WHERE study = ? ORDER BY number", [study])
 
     def completed_ids(self) -> set[str]:
         return {row[0] for row in self.db.execute(
