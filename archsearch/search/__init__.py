@@ -7,8 +7,10 @@ The driver sees one narrow protocol (``Searcher``) either way. optuna is
 imported only here, and only when a sampled search starts.
 """
 
-from archsearch.search._base import Searcher
+from archsearch.search._base import Job, Searcher
 from archsearch.search.grid import GridSearch
+from archsearch.search.halving import HalvingSearch, rank_order
+from archsearch.search.ladder import ProbeSearch, spearman_interval
 from archsearch.search.objectives import Objective, objective_values, parse_objectives
 from archsearch.search.sampled import SampledSearch, search_journal
 
@@ -17,12 +19,20 @@ def make_searcher(study, *, store: str, known: dict[str, dict]) -> Searcher:
     """The searcher a study asks for. ``known``: finished trials already in
     the store (trial id -> row with status and results), so nothing finished
     is trained again and a resumed sampler is told what it missed."""
-    if study.search.sampler == "grid":
+    search = study.search
+    if search.probe is not None:
+        return ProbeSearch(study, known=known)
+    if search.sampler == "grid":
         from archsearch.planner import plan
 
-        return GridSearch([t for t in plan(study) if known.get(t.trial_id, {}).get("status") != "completed"])
-    return SampledSearch(study, journal=search_journal(store, study.name), known=known)
+        inner = GridSearch([t for t in plan(study) if known.get(t.trial_id, {}).get("status") != "completed"])
+    else:
+        inner = SampledSearch(study, journal=search_journal(store, study.name), known=known)
+    if search.fidelity is None:
+        return inner
+    return HalvingSearch(inner, objectives=parse_objectives(search.objectives), rungs=search.fidelity.rungs,
+                         eta=search.fidelity.eta, kind=search.fidelity.kind)
 
 
-__all__ = ["GridSearch", "Objective", "SampledSearch", "Searcher", "make_searcher", "objective_values",
+__all__ = ["GridSearch", "HalvingSearch", "Job", "Objective", "ProbeSearch", "spearman_interval", "rank_order", "SampledSearch", "Searcher", "make_searcher", "objective_values",
            "parse_objectives", "search_journal"]

@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 from archsearch.planner import PlannedTrial
+
+
+@dataclass(frozen=True)
+class Job:
+    """One run of a trial: to its full budget, or (multi-fidelity) to the
+    share ``stop_at`` of its tokens, ending rung ``rung``."""
+
+    trial: PlannedTrial
+    stop_at: float | None = None
+    rung: int | None = None
 
 
 class Searcher(Protocol):
@@ -16,11 +27,14 @@ class Searcher(Protocol):
     trial handed out has been told.
     """
 
-    def ask(self, n: int) -> list[PlannedTrial]:
-        """Up to ``n`` trials to start now."""
+    def ask(self, n: int) -> list[Job]:
+        """Up to ``n`` jobs to start now."""
 
-    def tell(self, trial: PlannedTrial, result: dict | None) -> None:
-        """``trial`` finished with ``result`` (a ``TrialResult`` dict), or failed (None)."""
+    def tell(self, job: Job, result: dict | None) -> None:
+        """``job`` finished with ``result`` (a ``TrialResult`` dict), or failed (None)."""
+
+    def prune(self, job: Job) -> None:
+        """``job``'s trial stops for good short of its full budget."""
 
     @property
     def expected(self) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from archsearch.planner import PlannedTrial
+from archsearch.search._base import Job
 
 
 class GridSearch:
@@ -12,11 +13,14 @@ class GridSearch:
         self._queue = list(trials)
         self.total = len(trials)
 
-    def ask(self, n: int) -> list[PlannedTrial]:
+    def ask(self, n: int) -> list[Job]:
         out, self._queue = self._queue[:n], self._queue[n:]
-        return out
+        return [Job(trial) for trial in out]
 
-    def tell(self, trial: PlannedTrial, result: dict | None) -> None:
+    def tell(self, job: Job, result: dict | None) -> None:
+        pass
+
+    def prune(self, job: Job) -> None:
         pass
 
     @property

@@ -24,6 +24,7 @@ from typing import Any
 
 from archsearch.errors import SpecError
 from archsearch.planner import PlannedTrial, plan_points
+from archsearch.search._base import Job
 from archsearch.search.objectives import objective_values, parse_objectives
 from archsearch.space.expand import (
     axes_of,
@@ -39,6 +40,8 @@ from archsearch.space.schema import FAMILY_AXES, Axis, Study
 
 # consecutive proposals the constraints may reject before the search gives up
 MAX_REJECTIONS = 1000
+# the row of a trial a multi-fidelity search stopped short of its budget
+_PRUNED: dict = {"pruned": True}
 
 
 def search_journal(store: str | Path, study: str) -> Path:
@@ -94,18 +97,21 @@ class SampledSearch:
 
     # the Searcher protocol
 
-    def ask(self, n: int) -> list[PlannedTrial]:
-        out: list[PlannedTrial] = []
+    def ask(self, n: int) -> list[Job]:
+        out: list[Job] = []
         while len(out) < n:
             if self._queue:
-                out.append(self._queue.pop(0))
+                out.append(Job(self._queue.pop(0)))
             elif not self._propose():
                 break
         return out
 
-    def tell(self, trial: PlannedTrial, result: dict | None) -> None:
-        row = None if result is None else {**trial.to_dict(), **result}
-        self._record(trial.trial_id, row)
+    def tell(self, job: Job, result: dict | None) -> None:
+        row = None if result is None else {**job.trial.to_dict(), **result}
+        self._record(job.trial.trial_id, row)
+
+    def prune(self, job: Job) -> None:
+        self._record(job.trial.trial_id, _PRUNED)
 
     @property
     def expected(self) -> int:
@@ -219,10 +225,14 @@ class SampledSearch:
         """Tell the sampler a proposal's mean objectives over its trials."""
         from optuna.trial import TrialState
 
-        scored = [objective_values(self.objectives, row) if row is not None else None
-                  for row in proposal.rows.values()]
         record = dict(number=proposal.number, point=proposal.point, trial_ids=list(proposal.rows),
                       objectives=[o.label for o in self.objectives])
+        if any(row is _PRUNED for row in proposal.rows.values()):
+            self._optuna.tell(proposal.number, state=TrialState.PRUNED, skip_if_finished=True)
+            self.records.append(dict(record, values=None, state="pruned"))
+            return
+        scored = [objective_values(self.objectives, row) if row is not None else None
+                  for row in proposal.rows.values()]
         if any(values is None for values in scored):
             self._optuna.tell(proposal.number, state=TrialState.FAIL, skip_if_finished=True)
             self.records.append(dict(record, values=None, state="failed"))

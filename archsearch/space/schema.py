@@ -215,6 +215,25 @@ OBJECTIVES = ("val_loss", "params", "flops_per_token", "train_flops", "tokens_pe
 _OBJECTIVE = r"^(" + "|".join(OBJECTIVES) + r"):(min|max)$"
 
 
+class Fidelity(Strict):
+    """Multi-fidelity by training tokens: trials stop at rungs, the best go on."""
+
+    kind: Literal["asha", "halving", "hyperband"] = Field(
+        description="asha: promote as soon as a rung has enough results; halving: rung by rung; "
+                    "hyperband: halving brackets starting at each rung")
+    rungs: int = Field(default=3, ge=2, le=8, description="stops, the full budget included: 3 -> 1/eta^2, 1/eta, 1")
+    eta: int = Field(default=3, ge=2, le=10, description="keep the top 1/eta of each rung")
+
+
+class Probe(Strict):
+    """A fidelity ladder: every candidate first trains on a cheap synthetic
+    task; only the best ``keep`` share then trains on the study's data."""
+
+    data: Data = Field(description="the probe's data, e.g. {kind: mqar} or {kind: task, task: mad_fuzzy_recall}")
+    recipe: Recipe | None = Field(default=None, description="the probe's recipe; default: the study's")
+    keep: float = Field(default=0.25, gt=0, le=1, description="share of candidates promoted to the study's data")
+
+
 class Search(Strict):
     """Which points of the space to train: all of them (grid), or proposals of
     an Optuna sampler told each result as it lands."""
@@ -228,6 +247,9 @@ class Search(Strict):
     objectives: list[Annotated[str, Field(pattern=_OBJECTIVE)]] = Field(
         default=["val_loss:min"], min_length=1, max_length=4,
         description="NAME:min|max, NAME one of " + ", ".join(OBJECTIVES))
+    fidelity: Fidelity | None = Field(default=None, description="train every trial to its end (default), or "
+                                                                "stop at rungs and promote the best")
+    probe: Probe | None = Field(default=None, description="rank candidates on a synthetic task first")
 
     @model_validator(mode="after")
     def _sampler_needs(self) -> Search:
@@ -235,6 +257,8 @@ class Search(Strict):
             raise ValueError(f"sampler {self.sampler} needs trials: N (how many points to propose)")
         if self.sampler == "cmaes" and len(self.objectives) > 1:
             raise ValueError("cmaes optimises one objective; use nsga2 or tpe for several")
+        if self.probe is not None and (self.sampler != "grid" or self.fidelity is not None):
+            raise ValueError("search.probe ranks a grid's points: use it with sampler: grid and no fidelity")
         names = [o.split(":")[0] for o in self.objectives]
         if len(set(names)) < len(names):
             raise ValueError("an objective is listed twice")
@@ -254,6 +278,22 @@ class Study(Strict):
     search: Search = Search()
     execution: Execution = Execution()
     _origin: Any = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _fidelity_fits_the_schedule(self) -> Study:
+        fidelity = self.search.fidelity
+        if fidelity is None:
+            return self
+        if self.recipe.schedule != "wsd":
+            raise ValueError("search.fidelity needs recipe.schedule: wsd (a cosine schedule is set by the full "
+                             "length, so a trial stopped at a rung cannot be continued honestly)")
+        if 1 / fidelity.eta > 1 - self.recipe.decay_fraction:
+            raise ValueError(f"search.fidelity: the last rung before the end (1/{fidelity.eta} of the tokens) "
+                             f"falls in the decay phase (recipe.decay_fraction {self.recipe.decay_fraction}); "
+                             "lower decay_fraction or raise eta")
+        if not isinstance(self.recipe.lr, (int, float)):
+            raise ValueError("search.fidelity cannot be combined with a learning-rate sweep; give one lr")
+        return self
 
 
 _BASE = ("family", "num_layers", "taper.shape", "taper.ratio")

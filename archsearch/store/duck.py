@@ -43,6 +43,11 @@ CREATE TABLE IF NOT EXISTS study_trials (
 CREATE TABLE IF NOT EXISTS search_proposals (
     study VARCHAR, number INTEGER, point JSON, trial_ids JSON, objectives JSON, "values" JSON,
     state VARCHAR, finished_at TIMESTAMPTZ, PRIMARY KEY (study, number));
+CREATE TABLE IF NOT EXISTS trial_rungs (
+    trial_id VARCHAR, rung INTEGER, fraction DOUBLE, steps BIGINT, tokens BIGINT, val_loss DOUBLE,
+    val_accuracy DOUBLE, finished_at TIMESTAMPTZ, PRIMARY KEY (trial_id, rung));
+CREATE TABLE IF NOT EXISTS fidelity_ladders (
+    study VARCHAR PRIMARY KEY, points INTEGER, spearman DOUBLE, low DOUBLE, high DOUBLE, finished_at TIMESTAMPTZ);
 CREATE TABLE IF NOT EXISTS metrics (
     trial_id VARCHAR, step BIGINT, tokens BIGINT, train_loss DOUBLE, val_loss DOUBLE, val_accuracy DOUBLE,
     lr DOUBLE,
@@ -135,9 +140,26 @@ class Store:
             self.db.executemany("INSERT INTO study_trials VALUES (?, ?) ON CONFLICT DO NOTHING",
                                 [[study, t["trial_id"]] for t in trials])
 
-    def mark_running(self, trial_id: str) -> None:
-        self.db.execute("UPDATE trials SET status = 'running', attempts = attempts + 1 WHERE trial_id = ?",
-                        [trial_id])
+    def mark_running(self, trial_id: str, *, new_attempt: bool = True) -> None:
+        self.db.execute("UPDATE trials SET status = 'running', attempts = attempts + ? WHERE trial_id = ?",
+                        [int(new_attempt), trial_id])
+
+    def record_rung(self, trial_id: str, rung: int, fraction: float, result: dict) -> None:
+        """A multi-fidelity trial reached ``rung`` (``fraction`` of its tokens)."""
+        self.db.execute("INSERT OR REPLACE INTO trial_rungs VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                        [trial_id, rung, fraction, result["steps"], result["tokens"], result["val_loss"],
+                         result["val_accuracy"], _now()])
+
+    def pause(self, trial_id: str, result: dict) -> None:
+        """A trial stopped at a rung, waiting for promotion: its results and
+        curve so far are kept; it is not completed."""
+        self.finish(trial_id, result)
+        self.db.execute("UPDATE trials SET status = 'paused', sweep_best = NULL WHERE trial_id = ?", [trial_id])
+
+    def prune(self, trial_id: str, *, rung: int, rungs: int) -> None:
+        """A paused trial the search will not promote: ``pruned`` at its rung."""
+        self.db.execute("UPDATE trials SET status = 'pruned', error = ? WHERE trial_id = ?",
+                        [f"pruned at rung {rung + 1} of {rungs}", trial_id])
 
     def finish(self, trial_id: str, result: dict) -> None:
         """Record a completed trial and its evaluation curve."""
@@ -180,7 +202,18 @@ class Store:
             [[study, r["number"], json.dumps(r["point"], default=str), json.dumps(r["trial_ids"]),
               json.dumps(r["objectives"]), json.dumps(r["values"]), r["state"], now] for r in records])
 
+    def record_ladder(self, study: str, ladder: dict) -> None:
+        """The rank correlation between a study's probe and its own data."""
+        self.db.execute("INSERT OR REPLACE INTO fidelity_ladders VALUES (?, ?, ?, ?, ?, ?)",
+                        [study, ladder["points"], ladder["spearman"], ladder["low"], ladder["high"], _now()])
+
     # reading
+
+    def ladders(self, study: str | None = None) -> pa.Table:
+        """Each study's probe-to-data rank correlation (fidelity ladders only)."""
+        if study is None:
+            return self.sql("SELECT * FROM fidelity_ladders ORDER BY study")
+        return self.sql("SELECT * FROM fidelity_ladders WHERE study = ?", [study])
 
     def trial_rows(self) -> dict[str, dict]:
         """Every trial's plan and result columns by trial id (for searches

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -47,7 +48,8 @@ class TrialResult:
 
 def train_trial(*, spec: ArchSpec, recipe: dict, data: dict | Source, seed: int, threads: int | None = None,
                 on_eval: Callable[[dict], None] | None = None, device: str | torch.device | None = None,
-                checkpoint_dir: str | Path | None = None, checkpoint_every: int | None = None) -> TrialResult:
+                checkpoint_dir: str | Path | None = None, checkpoint_every: int | None = None,
+                stop_at: float | None = None) -> TrialResult:
     """Train ``spec`` with ``recipe`` (a dumped ``Recipe``) on ``data`` and evaluate.
 
     ``data`` is a dumped data config or a ready Source. Seeds torch, the data
@@ -57,6 +59,9 @@ def train_trial(*, spec: ArchSpec, recipe: dict, data: dict | Source, seed: int,
     ``checkpoint_dir``, saves a checkpoint every ``checkpoint_every`` steps
     (default: at every evaluation) and at the end, resumes from the newest one
     found there, and writes the final ``model.safetensors`` and ``spec.json``.
+    ``stop_at`` (a share of the budget, for multi-fidelity rungs) stops early
+    with an evaluation and a checkpoint; the schedule stays that of the full
+    budget, so a later call continues exactly as an uninterrupted run.
     """
     if threads is not None:
         torch.set_num_threads(threads)
@@ -67,6 +72,7 @@ def train_trial(*, spec: ArchSpec, recipe: dict, data: dict | Source, seed: int,
     optimizer = adamw(model, recipe)
     train_stream = torch.Generator().manual_seed(seed)
     steps = resolve_steps(recipe, params=count_params(spec), seq_len=_seq_len(source))
+    stop = steps if stop_at is None else min(steps, max(1, math.ceil(stop_at * steps)))
     batch_size, grad_accum = recipe["batch_size"], recipe.get("grad_accum", 1)
     save_every = checkpoint_every or recipe["eval_every"]
     fingerprint = _fingerprint(spec, recipe, data, seed)
@@ -79,7 +85,7 @@ def train_trial(*, spec: ArchSpec, recipe: dict, data: dict | Source, seed: int,
     forward = torch.compile(model) if recipe.get("compile") else model
     autocast = _autocast(recipe, device)
     start = time.perf_counter() - state.elapsed_s
-    for step in range(state.step, steps):
+    for step in range(state.step, stop):
         lr = recipe_lr(step, recipe, steps=steps)
         for group in optimizer.param_groups:
             group["lr"] = lr
@@ -90,23 +96,23 @@ def train_trial(*, spec: ArchSpec, recipe: dict, data: dict | Source, seed: int,
         optimizer.step()
         state.step, state.tokens = step + 1, state.tokens + batch.inputs.numel()
         state.recent = (state.recent + [loss])[-10:]
-        if state.step % recipe["eval_every"] == 0 or state.step == steps:
+        if state.step % recipe["eval_every"] == 0 or state.step in (stop, steps):
             val_loss, val_accuracy = evaluate(forward, source, recipe, seed=seed, device=device, autocast=autocast)
             row = dict(step=state.step, tokens=state.tokens, train_loss=sum(state.recent) / len(state.recent),
                        val_loss=val_loss, val_accuracy=val_accuracy, lr=lr)
             state.curve.append(row)
             if on_eval is not None:
                 on_eval(row)
-        if checkpoint_dir is not None and (state.step % save_every == 0 or state.step == steps):
+        if checkpoint_dir is not None and (state.step % save_every == 0 or state.step in (stop, steps)):
             state.elapsed_s = time.perf_counter() - start
             checkpoint.save(checkpoint_dir, model=model, spec=spec, optimizer=optimizer, state=state,
                             generator=train_stream, fingerprint=fingerprint)
     wall = time.perf_counter() - start
-    if checkpoint_dir is not None:
+    if checkpoint_dir is not None and state.step == steps:
         checkpoint.save_final(checkpoint_dir, model=model, spec=spec)
     last = state.curve[-1]
     return TrialResult(train_loss=last["train_loss"], val_loss=last["val_loss"], val_accuracy=last["val_accuracy"],
-                       steps=steps, tokens=state.tokens, wall_time_s=wall, tokens_per_s=state.tokens / wall,
+                       steps=state.step, tokens=state.tokens, wall_time_s=wall, tokens_per_s=state.tokens / wall,
                        curve=state.curve)
 
 
