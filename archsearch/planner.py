@@ -69,6 +69,12 @@ def plan(study: Study) -> list[PlannedTrial]:
     Raises ``SpecError`` (pointing at the budget target) when a target cannot
     be reached.
     """
+    return plan_points(study, expand(study.space))
+
+
+def plan_points(study: Study, points: list[dict[str, Any]]) -> list[PlannedTrial]:
+    """The trials of given resolved points (``expand`` or a sampler's
+    proposals): each point at every budget target and seed."""
     space, budget = study.space, study.budget
     vocab = vocab_size_of(study.data.model_dump())
     recipes = _recipes(study.recipe.model_dump())
@@ -86,7 +92,7 @@ def plan(study: Study) -> list[PlannedTrial]:
                 seen.add(trial.trial_id)
                 trials.append(trial)
 
-    for point in expand(space):
+    for point in points:
         make = spec_maker(point, space.model, vocab_size=vocab)
         for index, target in enumerate(budget.target_list()):
             try:
@@ -186,4 +192,4 @@ def _budget_error(study: Study, index: int, point: dict, err: BudgetError) -> Sp
     return origin.error(message, loc=loc, hint=err.hint)
 
 
-__all__ = ["PlannedTrial", "plan", "trial_id", "__version__"]
+__all__ = ["PlannedTrial", "plan", "plan_points", "trial_id", "__version__"]

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from archsearch.planner import PlannedTrial, plan
+from archsearch.planner import plan
+from archsearch.search import Job, Searcher
 from archsearch.space.schema import Study
 from archsearch.store import Store, checkpoint_dir, open_store
 
@@ -35,19 +36,27 @@ def run_study(study: Study, *, store: str | Path = "archsearch.duckdb", address:
     ``address``: None for embedded local Ray, or a cluster address ("auto",
     "ray://host:10001"). ``max_parallel`` overrides ``execution.max_parallel``.
     """
+    from archsearch.search import make_searcher
+
     start = time.perf_counter()
-    trials = plan(study)
     origin = study._origin
     with open_store(store) as db:
         db.add_study(name=study.name, path=origin.path if origin else "", config=_config(study))
-        db.add_trials(study.name, [t.to_dict() for t in trials])
-        done = db.completed_ids()
-        todo = [t for t in trials if t.trial_id not in done]
+        searcher = make_searcher(study, store=str(store), known=db.trial_rows())
+        grid = study.search.sampler == "grid" and study.search.probe is None
+        if grid:  # the whole grid shows in `status` before anything runs
+            trials = plan(study)
+            db.add_trials(study.name, [t.to_dict() for t in trials])
+            planned, skipped = len(trials), len(trials) - searcher.expected
         completed = failed = 0
-        if todo:
-            completed, failed = _run_on_ray(todo, db, study, store=store, address=address,
+        if not searcher.exhausted:
+            completed, failed = _run_on_ray(searcher, db, study, store=store, address=address,
                                             max_parallel=max_parallel, show_progress=show_progress)
-    return RunSummary(study=study.name, planned=len(trials), skipped=len(trials) - len(todo),
+        _store_search_records(searcher, db, study.name)
+        if not grid:
+            planned = len(db.trials(study.name))
+            skipped = planned - completed - failed
+    return RunSummary(study=study.name, planned=planned, skipped=skipped,
                       completed=completed, failed=failed, wall_time_s=time.perf_counter() - start)
 
 
@@ -58,12 +67,12 @@ def _trial_task(payload: dict) -> dict:
 
     result = train_trial(spec=ArchSpec.from_dict(payload["spec"]), recipe=payload["recipe"],
                          data=payload["data"], seed=payload["seed"], threads=payload["threads"],
-                         checkpoint_dir=payload["checkpoint_dir"])
+                         checkpoint_dir=payload["checkpoint_dir"], stop_at=payload.get("stop_at"))
     return result.to_dict()
 
 
 
-def _run_on_ray(todo: list[PlannedTrial], db: Store, study: Study, *, store: str | Path, address: str | None,
+def _run_on_ray(searcher: Searcher, db: Store, study: Study, *, store: str | Path, address: str | None,
                 max_parallel: int | None, show_progress: bool) -> tuple[int, int]:
     import ray
 
@@ -81,43 +90,72 @@ def _run_on_ray(todo: list[PlannedTrial], db: Store, study: Study, *, store: str
         width = max_parallel or (execution.max_parallel if execution.max_parallel != "auto" else 0)
         width = max(1, width or cpus // threads)
         task = ray.remote(num_cpus=min(threads, cpus), max_retries=execution.retries)(_trial_task)
-        return _drain(todo, db, task, store=store, width=width, threads=threads, show_progress=show_progress)
+        return _drain(searcher, db, task, study=study.name, store=store, width=width, threads=threads,
+                      show_progress=show_progress)
     finally:
         if owns_ray:
             ray.shutdown()
 
 
-def _drain(todo: list[PlannedTrial], db: Store, task: Any, *, store: str | Path, width: int, threads: int,
+def _drain(searcher: Searcher, db: Store, task: Any, *, study: str, store: str | Path, width: int, threads: int,
            show_progress: bool) -> tuple[int, int]:
     import ray
 
     from archsearch.execute.progress import TrialProgress
 
-    queue = list(todo)
-    running: dict[Any, PlannedTrial] = {}
+    running: dict[Any, Job] = {}
     completed = failed = 0
-    with TrialProgress(total=len(todo), enabled=show_progress) as progress:
-        while queue or running:
-            while queue and len(running) < width:
-                trial = queue.pop(0)
-                db.mark_running(trial.trial_id)
+    with TrialProgress(total=searcher.expected, enabled=show_progress) as progress:
+        while True:
+            asked = searcher.ask(width - len(running))
+            if not asked and not running:
+                break
+            db.add_trials(study, [job.trial.to_dict() for job in asked])
+            for job in asked:
+                trial = job.trial
+                db.mark_running(trial.trial_id, new_attempt=not job.rung)  # a promotion is no new attempt
                 payload = dict(spec=trial.spec.to_dict(), recipe=trial.recipe, data=trial.data,
-                               seed=trial.seed, threads=threads,
+                               seed=trial.seed, threads=threads, stop_at=job.stop_at,
                                checkpoint_dir=str(checkpoint_dir(store, trial.trial_id)))
-                running[task.remote(payload)] = trial
+                running[task.remote(payload)] = job
             progress.update(completed=completed, running=len(running), failed=failed)
             ready, _ = ray.wait(list(running), num_returns=1, timeout=0.5)
             for ref in ready:
-                trial = running.pop(ref)
+                job = running.pop(ref)
+                trial_id = job.trial.trial_id
                 try:
-                    db.finish(trial.trial_id, ray.get(ref))
-                    completed += 1
+                    result = ray.get(ref)
                 except Exception as err:  # a trial's failure is recorded, never fatal to the study
-                    db.fail(trial.trial_id, _one_line(err))
+                    result = None
+                    db.fail(trial_id, _one_line(err))
                     failed += 1
-                    progress.note(f"trial {trial.trial_id} failed: {_one_line(err)}")
+                    progress.note(f"trial {trial_id} failed: {_one_line(err)}")
+                if result is not None and job.rung is not None:
+                    db.record_rung(trial_id, job.rung, job.stop_at or 1.0, result)
+                if result is not None and job.stop_at is not None:
+                    db.pause(trial_id, result)
+                elif result is not None:
+                    db.finish(trial_id, result)
+                    completed += 1
+                searcher.tell(job, result)
+            _store_search_records(searcher, db, study)
         progress.update(completed=completed, running=0, failed=failed)
+    for trial, rung in getattr(searcher, "pruned", ()):
+        db.prune(trial.trial_id, rung=rung, rungs=searcher.rungs)
+    _store_search_records(searcher, db, study)
     return completed, failed
+
+
+def _store_search_records(searcher: Searcher, db: Store, study: str) -> None:
+    """What a search learnt beside its trials: a sampler's finished proposals
+    (as they end), a fidelity ladder's rank correlation (once it is known)."""
+    records = getattr(searcher, "records", None)
+    if records:
+        db.record_proposals(study, records)
+        records.clear()
+    ladder = getattr(searcher, "ladder", None)
+    if ladder is not None:
+        db.record_ladder(study, ladder)
 
 
 def _check_reachable(address: str, timeout: float = 5.0) -> None:

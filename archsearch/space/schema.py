@@ -47,7 +47,9 @@ class Axis(Strict, Generic[T]):
         if self.values is None:
             if self.low is None or self.high is None:
                 raise ValueError("give values, or both low and high")
-            if (self.grid is None) == (self.sample is None):
+            # neither is fine for a sampled search (the range itself is the
+            # distribution); expand() asks a grid search for one of them
+            if self.grid is not None and self.sample is not None:
                 raise ValueError("a range needs exactly one of grid: N or sample: N")
             if self.low > self.high:
                 raise ValueError(f"low ({self.low}) is above high ({self.high})")
@@ -223,8 +225,64 @@ class Execution(Strict):
     retries: int = Field(default=1, ge=0, le=10, description="re-runs of a trial whose worker died")
 
 
+SAMPLERS = ("grid", "random", "tpe", "nsga2", "cmaes", "gp")
+OBJECTIVES = ("val_loss", "params", "flops_per_token", "train_flops", "tokens_per_s", "state_bytes",
+              "val_accuracy")
+_OBJECTIVE = r"^(" + "|".join(OBJECTIVES) + r"):(min|max)$"
+
+
+class Fidelity(Strict):
+    """Multi-fidelity by training tokens: trials stop at rungs, the best go on."""
+
+    kind: Literal["asha", "halving", "hyperband"] = Field(
+        description="asha: promote as soon as a rung has enough results; halving: rung by rung; "
+                    "hyperband: halving brackets starting at each rung")
+    rungs: int = Field(default=3, ge=2, le=8, description="stops, the full budget included: 3 -> 1/eta^2, 1/eta, 1")
+    eta: int = Field(default=3, ge=2, le=10, description="keep the top 1/eta of each rung")
+
+
+class Probe(Strict):
+    """A fidelity ladder: every candidate first trains on a cheap synthetic
+    task; only the best ``keep`` share then trains on the study's data."""
+
+    data: Data = Field(description="the probe's data, e.g. {kind: mqar} or {kind: task, task: mad_fuzzy_recall}")
+    recipe: Recipe | None = Field(default=None, description="the probe's recipe; default: the study's")
+    keep: float = Field(default=0.25, gt=0, le=1, description="share of candidates promoted to the study's data")
+
+
+class Search(Strict):
+    """Which points of the space to train: all of them (grid), or proposals of
+    an Optuna sampler told each result as it lands."""
+
+    sampler: Literal[SAMPLERS] = Field(
+        default="grid", description="grid: every point; random | tpe | nsga2 | cmaes | gp: Optuna's sampler, "
+                                    "asked for one point at a time")
+    trials: int | None = Field(default=None, ge=1, le=100_000,
+                               description="points to propose in all (samplers; a rerun with more continues)")
+    seed: int = Field(default=0, ge=0, le=2**31 - 1, description="the sampler's seed")
+    objectives: list[Annotated[str, Field(pattern=_OBJECTIVE)]] = Field(
+        default=["val_loss:min"], min_length=1, max_length=4,
+        description="NAME:min|max, NAME one of " + ", ".join(OBJECTIVES))
+    fidelity: Fidelity | None = Field(default=None, description="train every trial to its end (default), or "
+                                                                "stop at rungs and promote the best")
+    probe: Probe | None = Field(default=None, description="rank candidates on a synthetic task first")
+
+    @model_validator(mode="after")
+    def _sampler_needs(self) -> Search:
+        if self.sampler != "grid" and self.trials is None:
+            raise ValueError(f"sampler {self.sampler} needs trials: N (how many points to propose)")
+        if self.sampler == "cmaes" and len(self.objectives) > 1:
+            raise ValueError("cmaes optimises one objective; use nsga2 or tpe for several")
+        if self.probe is not None and (self.sampler != "grid" or self.fidelity is not None):
+            raise ValueError("search.probe ranks a grid's points: use it with sampler: grid and no fidelity")
+        names = [o.split(":")[0] for o in self.objectives]
+        if len(set(names)) < len(names):
+            raise ValueError("an objective is listed twice")
+        return self
+
+
 class Study(Strict):
-    """A study: a space, a budget ladder, data, a recipe, seeds, execution."""
+    """A study: a space, a budget ladder, data, a recipe, seeds, search, execution."""
 
     include: Union[str, list[str], None] = INCLUDE
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description="letters, digits, _ . -")
@@ -233,8 +291,25 @@ class Study(Strict):
     data: Data = TextData()
     recipe: Recipe = Recipe()
     seeds: list[int] = Field(default=[0], min_length=1)
+    search: Search = Search()
     execution: Execution = Execution()
     _origin: Any = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _fidelity_fits_the_schedule(self) -> Study:
+        fidelity = self.search.fidelity
+        if fidelity is None:
+            return self
+        if self.recipe.schedule != "wsd":
+            raise ValueError("search.fidelity needs recipe.schedule: wsd (a cosine schedule is set by the full "
+                             "length, so a trial stopped at a rung cannot be continued honestly)")
+        if 1 / fidelity.eta > 1 - self.recipe.decay_fraction:
+            raise ValueError(f"search.fidelity: the last rung before the end (1/{fidelity.eta} of the tokens) "
+                             f"falls in the decay phase (recipe.decay_fraction {self.recipe.decay_fraction}); "
+                             "lower decay_fraction or raise eta")
+        if not isinstance(self.recipe.lr, (int, float)):
+            raise ValueError("search.fidelity cannot be combined with a learning-rate sweep; give one lr")
+        return self
 
 
 _BASE = ("family", "num_layers", "taper.shape", "taper.ratio")

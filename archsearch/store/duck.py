@@ -40,6 +40,14 @@ CREATE TABLE IF NOT EXISTS trials (
     code_version VARCHAR, created_at TIMESTAMPTZ, finished_at TIMESTAMPTZ);
 CREATE TABLE IF NOT EXISTS study_trials (
     study VARCHAR, trial_id VARCHAR, PRIMARY KEY (study, trial_id));
+CREATE TABLE IF NOT EXISTS search_proposals (
+    study VARCHAR, number INTEGER, point JSON, trial_ids JSON, objectives JSON, "values" JSON,
+    state VARCHAR, finished_at TIMESTAMPTZ, PRIMARY KEY (study, number));
+CREATE TABLE IF NOT EXISTS trial_rungs (
+    trial_id VARCHAR, rung INTEGER, fraction DOUBLE, steps BIGINT, tokens BIGINT, val_loss DOUBLE,
+    val_accuracy DOUBLE, finished_at TIMESTAMPTZ, PRIMARY KEY (trial_id, rung));
+CREATE TABLE IF NOT EXISTS fidelity_ladders (
+    study VARCHAR PRIMARY KEY, points INTEGER, spearman DOUBLE, low DOUBLE, high DOUBLE, finished_at TIMESTAMPTZ);
 CREATE TABLE IF NOT EXISTS metrics (
     trial_id VARCHAR, step BIGINT, tokens BIGINT, train_loss DOUBLE, val_loss DOUBLE, val_accuracy DOUBLE,
     lr DOUBLE, loop_fraction DOUBLE, loop_time_ratio DOUBLE,
@@ -130,9 +138,26 @@ class Store:
             self.db.executemany("INSERT INTO study_trials VALUES (?, ?) ON CONFLICT DO NOTHING",
                                 [[study, t["trial_id"]] for t in trials])
 
-    def mark_running(self, trial_id: str) -> None:
-        self.db.execute("UPDATE trials SET status = 'running', attempts = attempts + 1 WHERE trial_id = ?",
-                        [trial_id])
+    def mark_running(self, trial_id: str, *, new_attempt: bool = True) -> None:
+        self.db.execute("UPDATE trials SET status = 'running', attempts = attempts + ? WHERE trial_id = ?",
+                        [int(new_attempt), trial_id])
+
+    def record_rung(self, trial_id: str, rung: int, fraction: float, result: dict) -> None:
+        """A multi-fidelity trial reached ``rung`` (``fraction`` of its tokens)."""
+        self.db.execute("INSERT OR REPLACE INTO trial_rungs VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                        [trial_id, rung, fraction, result["steps"], result["tokens"], result["val_loss"],
+                         result["val_accuracy"], _now()])
+
+    def pause(self, trial_id: str, result: dict) -> None:
+        """A trial stopped at a rung, waiting for promotion: its results and
+        curve so far are kept; it is not completed."""
+        self.finish(trial_id, result)
+        self.db.execute("UPDATE trials SET status = 'paused', sweep_best = NULL WHERE trial_id = ?", [trial_id])
+
+    def prune(self, trial_id: str, *, rung: int, rungs: int) -> None:
+        """A paused trial the search will not promote: ``pruned`` at its rung."""
+        self.db.execute("UPDATE trials SET status = 'pruned', error = ? WHERE trial_id = ?",
+                        [f"pruned at rung {rung + 1} of {rungs}", trial_id])
 
     def finish(self, trial_id: str, result: dict) -> None:
         """Record a completed trial and its evaluation curve."""
@@ -165,7 +190,40 @@ class Store:
         self.db.execute("UPDATE trials SET status = 'failed', error = ?, finished_at = ? WHERE trial_id = ?",
                         [error, _now(), trial_id])
 
+    def record_proposals(self, study: str, records: list[dict]) -> None:
+        """A sampled search's finished proposals: the point, its trials and the
+        objective values the sampler was told (None for a failed proposal)."""
+        if not records:
+            return
+        now = _now()
+        self.db.executemany(
+            "INSERT OR REPLACE INTO search_proposals VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            [[study, r["number"], json.dumps(r["point"], default=str), json.dumps(r["trial_ids"]),
+              json.dumps(r["objectives"]), json.dumps(r["values"]), r["state"], now] for r in records])
+
+    def record_ladder(self, study: str, ladder: dict) -> None:
+        """The rank correlation between a study's probe and its own data."""
+        self.db.execute("INSERT OR REPLACE INTO fidelity_ladders VALUES (?, ?, ?, ?, ?, ?)",
+                        [study, ladder["points"], ladder["spearman"], ladder["low"], ladder["high"], _now()])
+
     # reading
+
+    def ladders(self, study: str | None = None) -> pa.Table:
+        """Each study's probe-to-data rank correlation (fidelity ladders only)."""
+        if study is None:
+            return self.sql("SELECT * FROM fidelity_ladders ORDER BY study")
+        return self.sql("SELECT * FROM fidelity_ladders WHERE study = ?", [study])
+
+    def trial_rows(self) -> dict[str, dict]:
+        """Every trial's plan and result columns by trial id (for searches
+        that must not train a finished trial again)."""
+        table = self.sql("SELECT trial_id, status, params, flops_per_token, state, val_loss, val_accuracy, "
+                         "tokens, tokens_per_s FROM trials")
+        return {row["trial_id"]: row for row in table.to_pylist()}
+
+    def proposals(self, study: str) -> pa.Table:
+        """A sampled search's proposals, in the order they were asked."""
+        return self.sql("SELECT * FROM search_proposals WHERE study = ? ORDER BY number", [study])
 
     def completed_ids(self) -> set[str]:
         return {row[0] for row in self.db.execute(

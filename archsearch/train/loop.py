@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -47,7 +48,8 @@ class TrialResult:
 
 def train_trial(*, spec: ArchSpec, recipe: dict, data: dict | Source, seed: int, threads: int | None = None,
                 on_eval: Callable[[dict], None] | None = None, device: str | torch.device | None = None,
-                checkpoint_dir: str | Path | None = None, checkpoint_every: int | None = None) -> TrialResult:
+                checkpoint_dir: str | Path | None = None, checkpoint_every: int | None = None,
+                stop_at: float | None = None) -> TrialResult:
     """Train ``spec`` with ``recipe`` (a dumped ``Recipe``) on ``data`` and evaluate.
 
     ``data`` is a dumped data config or a ready Source. Seeds torch, the data
@@ -57,6 +59,9 @@ def train_trial(*, spec: ArchSpec, recipe: dict, data: dict | Source, seed: int,
     ``checkpoint_dir``, saves a checkpoint every ``checkpoint_every`` steps
     (default: at every evaluation) and at the end, resumes from the newest one
     found there, and writes the final ``model.safetensors`` and ``spec.json``.
+    ``stop_at`` (a share of the budget, for multi-fidelity rungs) stops early
+    with an evaluation and a checkpoint; the schedule stays that of the full
+    budget, so a later call continues exactly as an uninterrupted run.
     """
     if threads is not None:
         torch.set_num_threads(threads)
@@ -69,6 +74,8 @@ def train_trial(*, spec: ArchSpec, recipe: dict, data: dict | Source, seed: int,
     steps = resolve_steps(recipe, params=count_params(spec), seq_len=_seq_len(source))
     # Ouro stage II after the main steps, for models with an exit gate (the others ignore it)
     gate_steps = recipe.get("gate_steps", 0) if getattr(model, "exit_gate", None) is not None else 0
+    total = steps + gate_steps
+    stop = total if stop_at is None else min(total, max(1, math.ceil(stop_at * steps)))
     batch_size, grad_accum = recipe["batch_size"], recipe.get("grad_accum", 1)
     save_every = checkpoint_every or recipe["eval_every"]
     fingerprint = _fingerprint(spec, recipe, data, seed)
@@ -85,7 +92,7 @@ def train_trial(*, spec: ArchSpec, recipe: dict, data: dict | Source, seed: int,
         carry.enter_context(model.carrying())
     autocast = _autocast(recipe, device)
     start = time.perf_counter() - state.elapsed_s
-    for step in range(state.step, steps + gate_steps):
+    for step in range(state.step, stop):
         gate_only = step >= steps
         lr = recipe_lr(step - steps, recipe, steps=gate_steps) if gate_only else recipe_lr(step, recipe, steps=steps)
         for group in optimizer.param_groups:
@@ -99,7 +106,7 @@ def train_trial(*, spec: ArchSpec, recipe: dict, data: dict | Source, seed: int,
         state.step, state.tokens = step + 1, state.tokens + batch.inputs.numel()
         # in the gate stage train_loss is the gate's loss, not averaged with the LM's
         state.recent = (([] if step == steps else state.recent) + [loss])[-10:]
-        if state.step % recipe["eval_every"] == 0 or state.step in (steps, steps + gate_steps):
+        if state.step % recipe["eval_every"] == 0 or state.step in (steps, stop, total):
             val_loss, val_accuracy = evaluate(forward, source, recipe, seed=seed, device=device, autocast=autocast)
             row = dict(step=state.step, tokens=state.tokens, train_loss=sum(state.recent) / len(state.recent),
                        val_loss=val_loss, val_accuracy=val_accuracy, lr=lr)
@@ -107,17 +114,17 @@ def train_trial(*, spec: ArchSpec, recipe: dict, data: dict | Source, seed: int,
             state.curve.append(row)
             if on_eval is not None:
                 on_eval(row)
-        if checkpoint_dir is not None and (state.step % save_every == 0 or state.step == steps + gate_steps):
+        if checkpoint_dir is not None and (state.step % save_every == 0 or state.step in (stop, total)):
             state.elapsed_s = time.perf_counter() - start
             checkpoint.save(checkpoint_dir, model=model, spec=spec, optimizer=optimizer, state=state,
                             generator=train_stream, fingerprint=fingerprint)
     wall = time.perf_counter() - start
     carry.close()
-    if checkpoint_dir is not None:
+    if checkpoint_dir is not None and state.step == total:
         checkpoint.save_final(checkpoint_dir, model=model, spec=spec)
     last = state.curve[-1]
     return TrialResult(train_loss=last["train_loss"], val_loss=last["val_loss"], val_accuracy=last["val_accuracy"],
-                       steps=steps + gate_steps, tokens=state.tokens, wall_time_s=wall, tokens_per_s=state.tokens / wall,
+                       steps=state.step, tokens=state.tokens, wall_time_s=wall, tokens_per_s=state.tokens / wall,
                        curve=state.curve)
 
 
