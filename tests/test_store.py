@@ -71,3 +71,29 @@ def test_a_store_from_another_schema_is_refused(tmp_path):
     duckdb.connect(str(path)).execute("CREATE TABLE trials (trial_id VARCHAR)").close()
     with pytest.raises(StoreError, match="another version"):
         A.open_store(path)
+
+
+def test_each_changed_version_of_a_study_is_kept(tmp_path):
+    with A.open_store(tmp_path / "s.duckdb") as store:
+        assert store.add_study(name="s", path="s.yaml", config={"seeds": [0]}, text="seeds: [0]\n") == 1
+        assert store.add_study(name="s", path="s.yaml", config={"seeds": [0]}, text="seeds: [0]\n") == 1
+        assert store.add_study(name="s", path="s.yaml", config={"seeds": [0, 1]}, text="seeds: [0, 1]\n") == 2
+        versions = store.study_versions("s").to_pylist()
+    assert [v["version"] for v in versions] == [1, 2]
+    assert [v["text"] for v in versions] == ["seeds: [0]\n", "seeds: [0, 1]\n"]
+
+
+def test_a_grown_grid_keeps_every_trial_id_it_had(tmp_path):
+    """More axis values, another target or seed: the old trials keep their
+    ids, so a rerun trains only the new ones."""
+    (tmp_path / "space.yaml").write_text("name: s\naxes:\n  family: transformer\n  num_layers: [1, 2]\n"
+                                         "model: {head_dim: 8}\n")
+    study = tmp_path / "study.yaml"
+    base = "name: g\nspace: space.yaml\nbudget: {targets: [%s], tolerance: 0.05}\nseeds: %s\n"
+    study.write_text(base % ("20000", "[0]"))
+    before = {t.trial_id for t in A.plan(A.load_study(study))}
+    (tmp_path / "space.yaml").write_text("name: s\naxes:\n  family: transformer\n  num_layers: [1, 2, 3]\n"
+                                         "model: {head_dim: 8}\n")
+    study.write_text(base % ("20000, 40000", "[0, 1]"))
+    after = {t.trial_id for t in A.plan(A.load_study(study))}
+    assert before < after and len(after) == 3 * 2 * 2

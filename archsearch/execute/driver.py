@@ -41,7 +41,8 @@ def run_study(study: Study, *, store: str | Path = "archsearch.duckdb", address:
     start = time.perf_counter()
     origin = study._origin
     with open_store(store) as db:
-        db.add_study(name=study.name, path=origin.path if origin else "", config=_config(study))
+        db.add_study(name=study.name, path=origin.path if origin else "", config=_config(study),
+                     text=_file_text(origin.path) if origin else None)
         searcher = make_searcher(study, store=str(store), known=db.trial_rows())
         grid = study.search.sampler == "grid" and study.search.probe is None
         if grid:  # the whole grid shows in `status` before anything runs
@@ -179,6 +180,14 @@ def _one_line(err: BaseException) -> str:
     cause = getattr(err, "cause", None) or err
     text = f"{type(cause).__name__}: {cause}".strip().splitlines()
     return text[-1] if text else type(cause).__name__
+
+
+def _file_text(path: str) -> str | None:
+    """The study file as written (kept with each version of the study)."""
+    try:
+        return Path(path).read_text(encoding="utf-8", errors="replace")[:1_000_000]
+    except OSError:
+        return None
 
 
 def _config(study: Study) -> dict:

@@ -8,6 +8,7 @@ Torch-free.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 from datetime import datetime, timezone
@@ -38,6 +39,9 @@ CREATE TABLE IF NOT EXISTS trials (
     train_loss DOUBLE, val_loss DOUBLE, val_accuracy DOUBLE, steps BIGINT, tokens BIGINT,
     wall_time_s DOUBLE, tokens_per_s DOUBLE,
     code_version VARCHAR, created_at TIMESTAMPTZ, finished_at TIMESTAMPTZ);
+CREATE TABLE IF NOT EXISTS study_versions (
+    study VARCHAR, version INTEGER, config_hash VARCHAR, config JSON, text VARCHAR, code_version VARCHAR,
+    created_at TIMESTAMPTZ, PRIMARY KEY (study, version));
 CREATE TABLE IF NOT EXISTS study_trials (
     study VARCHAR, trial_id VARCHAR, PRIMARY KEY (study, trial_id));
 CREATE TABLE IF NOT EXISTS search_proposals (
@@ -113,13 +117,30 @@ class Store:
 
     # writing
 
-    def add_study(self, *, name: str, path: str, config: dict) -> None:
+    def add_study(self, *, name: str, path: str, config: dict, text: str | None = None) -> int:
+        """Register a study, or update it; a changed resolved config (a grown
+        grid, another seed, a larger trial budget) is kept as a new version
+        beside the old ones, with the file's text. Returns the version number."""
         now = _now()
+        blob = json.dumps(config, sort_keys=True)
+        digest = hashlib.sha256(blob.encode()).hexdigest()[:16]
         self.db.execute(
             "INSERT INTO studies VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET "
             "path = excluded.path, config = excluded.config, code_version = excluded.code_version, "
             "updated_at = excluded.updated_at",
-            [name, path, json.dumps(config), code_version(), now, now])
+            [name, path, blob, code_version(), now, now])
+        last = self.db.execute("SELECT version, config_hash FROM study_versions WHERE study = ? "
+                               "ORDER BY version DESC LIMIT 1", [name]).fetchone()
+        if last is not None and last[1] == digest:
+            return last[0]
+        version = 1 if last is None else last[0] + 1
+        self.db.execute("INSERT INTO study_versions VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        [name, version, digest, blob, text, code_version(), now])
+        return version
+
+    def study_versions(self, study: str) -> pa.Table:
+        """Every version of a study's resolved config and file text, oldest first."""
+        return self.sql("SELECT * FROM study_versions WHERE study = ? ORDER BY version", [study])
 
     def add_trials(self, study: str, trials: list[dict]) -> None:
         """Register planned trials (``PlannedTrial.to_dict()`` rows); keeps finished ones as they are."""
