@@ -60,6 +60,33 @@ def test_asha_trains_the_best_to_the_end_and_prunes_the_rest():
     assert tokens < 0.4 * 9 * 1000  # what it pays: under 40% of training every trial to the end
 
 
+@pytest.mark.parametrize("kind", ["asha", "halving"])
+def test_a_search_restored_from_its_rungs_ends_as_an_uninterrupted_one(kind):
+    """A driver killed after 7 results: a new search built from the rungs the
+    store kept promotes and prunes exactly as the uninterrupted run did."""
+    finals = [3.0, 1.0, 5.0, 4.0, 2.0, 6.0, 7.0, 8.0, 9.0, 0.5, 2.5, 3.5]
+    trials = [FakeTrial(i, f) for i, f in enumerate(finals)]
+    whole = drive(halving(trials, kind=kind), width=1)
+    first = halving(trials, kind=kind)
+    log, running = [], []
+    while len(log) < 7:
+        running += first.ask(1 - len(running))
+        job = running.pop(0)
+        log.append((job.trial.trial_id, job.rung, job.stop_at))
+        first.tell(job, curve(job.trial, job.stop_at or 1.0))
+    history = {}
+    for trial_id, rung, stop in log:
+        trial = next(t for t in trials if t.trial_id == trial_id)
+        history.setdefault(trial_id, {})[rung] = curve(trial, stop or 1.0)
+    done = {t for t, rung, _ in log if rung == 2}
+    resumed = HalvingSearch(GridSearch([t for t in trials if t.trial_id not in done]),
+                            objectives=parse_objectives(["val_loss:min"]), rungs=3, eta=3, kind=kind,
+                            history=history)
+    rest = drive(resumed, width=1)
+    assert not {(t, r) for t, r, _ in rest} & {(t, r) for t, r, _ in log}  # nothing trained twice
+    assert sorted(log + rest) == sorted(whole)
+
+
 def test_asha_promotes_before_a_rung_is_full_and_halving_waits():
     trials = [FakeTrial(i, float(i)) for i in range(9)]
     asha = drive(halving(trials), width=1)

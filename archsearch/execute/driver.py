@@ -43,7 +43,7 @@ def run_study(study: Study, *, store: str | Path = "archsearch.duckdb", address:
     with open_store(store) as db:
         db.add_study(name=study.name, path=origin.path if origin else "", config=_config(study),
                      text=_file_text(origin.path) if origin else None)
-        searcher = make_searcher(study, store=str(store), known=db.trial_rows())
+        searcher = make_searcher(study, store=str(store), known=db.trial_rows(), rungs=db.rung_rows())
         grid = study.search.sampler == "grid" and study.search.probe is None
         if grid:  # the whole grid shows in `status` before anything runs
             trials = plan(study)

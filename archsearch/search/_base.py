@@ -36,6 +36,9 @@ class Searcher(Protocol):
     def prune(self, job: Job) -> None:
         """``job``'s trial stops for good short of its full budget."""
 
+    def take(self, ids: set[str]) -> list[PlannedTrial]:
+        """Hand over the not yet started trials among ``ids`` (and never ask them)."""
+
     @property
     def expected(self) -> int:
         """About how many trials are still to run (for progress)."""

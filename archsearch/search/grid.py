@@ -23,6 +23,13 @@ class GridSearch:
     def prune(self, job: Job) -> None:
         pass
 
+    def take(self, ids: set[str]) -> list[PlannedTrial]:
+        """Remove the trials ``ids`` from the queue and return them (a
+        multi-fidelity search restoring the ones it had started)."""
+        taken = [t for t in self._queue if t.trial_id in ids]
+        self._queue = [t for t in self._queue if t.trial_id not in ids]
+        return taken
+
     @property
     def expected(self) -> int:
         return self.total

@@ -33,7 +33,7 @@ from archsearch.search.objectives import Objective, objective_values
 
 @dataclass
 class _Entry:
-    trial: PlannedTrial
+    trial: PlannedTrial | None  # None: known from the store only, trained to the end
     bracket: int
     rung: int = 0  # the rung it is running to, or stopped at
     results: dict[int, list[float] | None] = field(default_factory=dict)  # rung -> objective values
@@ -50,13 +50,32 @@ class HalvingSearch:
     """
 
     def __init__(self, inner: Searcher, *, objectives: list[Objective], rungs: int, eta: int, kind: str,
-                 total: int | None = None):
+                 total: int | None = None, history: dict[str, dict[int, dict]] | None = None):
         self.inner, self.objectives, self.rungs, self.eta, self.kind = inner, objectives, rungs, eta, kind
         self.entries: dict[str, _Entry] = {}
         self.pruned: list[tuple[PlannedTrial, int]] = []  # filled once the search is over
-        self.brackets = _hyperband_brackets(rungs, eta, total or inner.expected) if kind == "hyperband" else None
+        total = (total or inner.expected) + len(history or {})
+        self.brackets = _hyperband_brackets(rungs, eta, total) if kind == "hyperband" else None
         self._bracket_started = [0] * (len(self.brackets) if self.brackets else 1)
         self._finished = False
+        if history:
+            self._restore(history)
+
+    def _restore(self, history: dict[str, dict[int, dict]]) -> None:
+        """Continue a search a dead driver left: each trial's rungs reached
+        (trial id -> rung -> its row of plan and result, from the store) come
+        back as they were, so ranks and promotions go on from there."""
+        waiting = {t.trial_id: t for t in self.inner.take(set(history))}
+        for trial_id, reached in history.items():
+            top = max(reached)
+            trial = waiting.get(trial_id)
+            if trial is None and top < self.rungs - 1:
+                continue  # the search that proposed it no longer holds it: it stays as it is
+            bracket = min(reached) if self.brackets else 0
+            entry = _Entry(trial=trial, bracket=bracket, rung=top, promoted_from=set(r for r in reached if r < top))
+            entry.results = {r: objective_values(self.objectives, row) for r, row in reached.items()}
+            self.entries[trial_id] = entry
+            self._bracket_started[bracket] += 1
 
     def fraction(self, rung: int) -> float:
         """The share of a trial's full token budget trained by the end of ``rung``."""
@@ -136,7 +155,8 @@ class HalvingSearch:
                     continue
                 ranked = self._ranked([e for e in members if e.results[rung] is not None], rung)
                 for entry in ranked[:len(members) // self.eta]:
-                    if rung not in entry.promoted_from and not entry.running and entry.rung == rung:
+                    if (rung not in entry.promoted_from and not entry.running and entry.rung == rung
+                            and entry.trial is not None):
                         entry.promoted_from.add(rung)
                         entry.rung = rung + 1
                         return entry
@@ -170,7 +190,7 @@ class HalvingSearch:
             return
         for entry in self.entries.values():
             last = entry.rung == self.rungs - 1 and entry.rung in entry.results
-            if not last and entry.results.get(entry.rung) is not None:
+            if not last and entry.results.get(entry.rung) is not None and entry.trial is not None:
                 self.pruned.append((entry.trial, entry.rung))
                 self.inner.prune(Job(entry.trial, stop_at=self.fraction(entry.rung), rung=entry.rung))
         self._finished = True

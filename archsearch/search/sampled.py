@@ -113,6 +113,12 @@ class SampledSearch:
     def prune(self, job: Job) -> None:
         self._record(job.trial.trial_id, _PRUNED)
 
+    def take(self, ids: set[str]) -> list[PlannedTrial]:
+        """Remove queued trials ``ids`` and return them; their proposals still wait for them."""
+        taken = [t for t in self._queue if t.trial_id in ids]
+        self._queue = [t for t in self._queue if t.trial_id not in ids]
+        return taken
+
     @property
     def expected(self) -> int:
         per_point = len(self.study.budget.target_list()) * len(self.study.seeds)

@@ -242,6 +242,13 @@ class Store:
                          "tokens, tokens_per_s FROM trials")
         return {row["trial_id"]: row for row in table.to_pylist()}
 
+    def rung_rows(self) -> dict[str, dict[int, dict]]:
+        """Every multi-fidelity trial's rungs reached: trial id -> rung -> row."""
+        out: dict[str, dict[int, dict]] = {}
+        for row in self.sql("SELECT * FROM trial_rungs ORDER BY trial_id, rung").to_pylist():
+            out.setdefault(row["trial_id"], {})[row["rung"]] = row
+        return out
+
     def proposals(self, study: str) -> pa.Table:
         """A sampled search's proposals, in the order they were asked."""
         return self.sql("SELECT * FROM search_proposals WHERE study = ? ORDER BY number", [study])
