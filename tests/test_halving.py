@@ -208,14 +208,16 @@ def test_asha_on_ray_stores_rungs_and_pruned_trials(tmp_path):
     summary = run_study(study, store=tmp_path / "s.duckdb", show_progress=False)
     with A.open_store(tmp_path / "s.duckdb", read_only=True) as db:
         trials = {t["trial_id"]: t for t in db.trials("rungs").to_pylist()}
-        rungs = db.sql("SELECT trial_id, rung, steps FROM trial_rungs ORDER BY trial_id, rung").to_pylist()
-    statuses = sorted(t["status"] for t in trials.values())
-    assert statuses == ["completed", "pruned", "pruned", "pruned"], statuses
-    assert summary.completed == 1
+        rungs = db.sql("SELECT trial_id, rung, steps, val_loss FROM trial_rungs ORDER BY trial_id, rung").to_pylist()
+    # asynchronous: with two workers a late, better rung-0 result can earn a
+    # second promotion after the first (ASHA's known over-promotion), never more
+    completed = [t for t in trials.values() if t["status"] == "completed"]
     pruned = [t for t in trials.values() if t["status"] == "pruned"]
+    assert len(trials) == 4 and 1 <= len(completed) <= 2 and len(completed) + len(pruned) == 4
+    assert summary.completed == len(completed)
     assert all(t["steps"] == 6 and t["error"] == "pruned at rung 1 of 2" for t in pruned)
-    assert len(rungs) == 5 and {r["steps"] for r in rungs} == {6, 18}
-    winner = next(t for t in trials.values() if t["status"] == "completed")
+    assert all(t["steps"] == 18 for t in completed)
+    assert {r["steps"] for r in rungs} == {6, 18} and len(rungs) == 4 + len(completed)
     at_rung = {r["trial_id"]: r for r in rungs if r["rung"] == 0}
-    assert winner["trial_id"] == min(at_rung, key=lambda i: trials[i]["val_loss"] if i != winner["trial_id"]
-                                     else -1)
+    best = min(at_rung, key=lambda i: at_rung[i]["val_loss"])
+    assert best in {t["trial_id"] for t in completed}

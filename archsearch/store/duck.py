@@ -129,8 +129,9 @@ class Store:
             "path = excluded.path, config = excluded.config, code_version = excluded.code_version, "
             "updated_at = excluded.updated_at",
             [name, path, blob, code_version(), now, now])
-        last = self.db.execute("SELECT version, config_hash FROM study_versions WHERE study = ? "
-                               "ORDER BY version DESC LIMIT 1", [name]).fetchone()
+        rows = self.db.execute("SELECT version, config_hash FROM study_versions WHERE study = ? "
+                               "ORDER BY version DESC LIMIT 1", [name]).fetchall()
+        last = rows[0] if rows else None
         if last is not None and last[1] == digest:
             return last[0]
         version = 1 if last is None else last[0] + 1
