@@ -23,7 +23,7 @@ from archsearch.space.training import Data, Recipe, Strict, TextData
 
 T = TypeVar("T")
 
-TAPER_SHAPES = ("uniform", "cosine", "linear", "sigmoid", "reverse")
+TAPER_SHAPES = ("uniform", "cosine", "linear", "sigmoid", "reverse", "step_early", "step_middle", "step_late")
 FAMILIES = ("transformer", "gated_attention", "mamba", "gdn", "hybrid", "looped", "memory", "gpn", "hrm",
             "universal", "titans", "hope")
 
@@ -80,7 +80,8 @@ class TaperAxes(Strict):
 
     shape: axis(Literal[TAPER_SHAPES]) = Field(
         default="uniform", validate_default=True,
-        description="uniform | cosine | linear | sigmoid | reverse (cosine, narrow first)")
+        description="uniform | cosine | linear | sigmoid | reverse (cosine, narrow first) | step_early | "
+                    "step_middle | step_late (one third of the layers ratio x as wide as the rest)")
     ratio: axis(Annotated[float, Field(ge=1.0, le=20.0)]) = Field(
         default=3.0, validate_default=True,
         description="widest layer over narrowest; 3.0 gives the 1.5x -> 0.5x cosine of TLM")
