@@ -70,6 +70,11 @@ def test_uniform_is_flat_when_the_total_divides():
     assert taper_widths(shape="uniform", ratio=3.0, num_layers=4, total=4 * 64) == [64] * 4
 
 
+@pytest.mark.parametrize("shape", SHAPES)
+def test_one_multiple_per_layer_is_the_only_split_of_the_smallest_total(shape):
+    assert taper_widths(shape=shape, ratio=3.0, num_layers=6, total=6 * 8, multiple_of=8) == [8] * 6
+
+
 def test_impossible_totals_are_refused():
     with pytest.raises(ValueError, match="multiple"):
         taper_widths(shape="cosine", ratio=3.0, num_layers=4, total=100, multiple_of=8)

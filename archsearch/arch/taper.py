@@ -102,6 +102,8 @@ def _apportion(weights: tuple[float, ...], units: int, *, centred: bool) -> list
     fixed: set[int] = set()  # layers held at one unit because their share is below it
     while True:
         free = [i for i in range(n) if i not in fixed]
+        if not free:  # units == n: one each
+            return [1] * n
         scale = (units - len(fixed)) / sum(weights[i] for i in free)
         low = {i for i in free if weights[i] * scale < 1}
         if not low:
