@@ -88,7 +88,9 @@ class TaperAxes(Strict):
 
 
 class AttentionAxes(Strict):
-    gate: axis(Literal["elementwise", "headwise"]) = fixed("headwise")
+    gate: axis(Literal["elementwise", "headwise"]) = Field(
+        default="elementwise", validate_default=True,
+        description="elementwise: a gate per head channel (the paper's best); headwise: one per head")
 
 
 class HybridAxes(Strict):
