@@ -187,8 +187,10 @@ class Budget(Strict):
                                        "both: whichever pair lands closest")
     tolerance: float = Field(default=0.005, gt=0, le=0.5, description="largest |achieved/target - 1|")
     protocol: Literal["none", "iso_param", "iso_flop"] = Field(
-        default="none", description="looped points also get a baseline arm: iso_param = the same layers once; "
-                                    "iso_flop = loops x layers distinct layers")
+        default="none", description="looped and hrm points also get a baseline arm, its MLP width solved to "
+                                    "their params (iso_param) or training FLOPs (iso_flop): looped k x L against "
+                                    "the same k layers once (iso_param) or L x k distinct layers (iso_flop); hrm "
+                                    "N x T against the Universal Transformer over the same layers for N * T steps")
 
     @model_validator(mode="after")
     def _non_empty(self) -> Budget:
