@@ -1,9 +1,10 @@
 """Plan a study: every trial it would run, with solved widths, and no training.
 
 A trial is a point of the space x a budget target x a seed (x an arm, for
-the looped and HRM protocols). Its id hashes the resolved spec, recipe, data and seed, so
-the same work always has the same id and a store never trains it twice. Every
-trial is matched on one measure and reports all of them.
+the looped and HRM protocols). Its id hashes the resolved spec, recipe, data
+and seed (and a baseline's partner), so the same work always has the same id
+and a store never trains it twice. Every trial is matched on one measure and
+reports all of them.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from archsearch import __version__
-from archsearch.arch.families import layer_count, spec_maker
+from archsearch.arch.families import SpecMaker, layer_count, spec_maker
 from archsearch.arch.spec import ArchSpec
 from archsearch.budget import (
     BudgetError,
@@ -77,11 +78,15 @@ def plan(study: Study) -> list[PlannedTrial]:
     trials, seen = [], set()
 
     def add(axes: dict, seed: int, arm: Arm, partner: ArchSpec | None, index: int) -> None:
-        group = trial_id(arm.spec, dict(recipes[0], lr="sweep"), data, seed) if len(recipes) > 1 else None
+        # a protocol's baseline belongs to its partner: two partners never share one baseline trial
+        def paired(recipe: dict) -> str | None:
+            return trial_id(partner, recipe, data, seed) if partner is not None else None
+
+        swept = dict(recipes[0], lr="sweep")
+        group = trial_id(arm.spec, swept, data, seed, paired(swept)) if len(recipes) > 1 else None
         for recipe in recipes:
             arm_axes = dict(axes, lr=recipe["lr"]) if group else axes
-            # a protocol's baseline belongs to its partner: two partners never share one baseline trial
-            pair = trial_id(partner, recipe, data, seed) if partner is not None else None
+            pair = paired(recipe)
             trial = _trial(study, arm_axes, seed, arm, recipe, data, seq_len, group, pair)
             if abs(trial.match_error) > budget.tolerance:
                 raise _budget_error(study, index, arm_axes, BudgetError(
@@ -148,7 +153,7 @@ def _recipes(recipe: dict) -> list[dict]:
     return [recipe]
 
 
-def _baseline_arm(study: Study, point: dict, make, partner: ArchSpec, solver) -> Arm:
+def _baseline_arm(study: Study, point: dict, make: SpecMaker, partner: ArchSpec, solver) -> Arm:
     """The protocol's comparison model for a looped or HRM trial, width-solved to it.
 
     Looped k x L: iso_param is the same k layers applied once, iso_flop is

@@ -242,3 +242,18 @@ def test_every_planned_trial_is_within_tolerance_or_refused(family, shape, match
         else:  # a protocol's baseline, matched to its partner's params or FLOPs
             kind = "params" if trial.match == "iso_param" else "flops"
             assert trial.achieved == measure[kind](trial)
+
+
+def test_a_swept_learning_rate_keeps_each_baseline_with_its_arm(tmp_path):
+    """With an lr sweep, the two (identical) iso_param baselines of a gated and an ungated arm are
+    four trials in two sweep groups, one per arm, not one group of four."""
+    study_of(tmp_path, axes="family: looped\nnum_layers: 2\nloops: 3\nexit_gate: [false, true]\n",
+             budget="targets: [1.0e+6]\nprotocol: iso_param\n")
+    path = tmp_path / "study.yaml"
+    path.write_text(path.read_text() + "recipe:\n  lr: {sweep: [1.0e-3, 3.0e-3]}\n")
+    baselines = [t for t in A.plan(A.load_study(path)) if t.axes["arm"] == "baseline"]
+    assert len({t.trial_id for t in baselines}) == 4
+    groups = {}
+    for trial in baselines:
+        groups.setdefault(trial.sweep_group, set()).add(trial.axes["exit_gate"])
+    assert sorted(map(sorted, groups.values())) == [[False], [True]]
