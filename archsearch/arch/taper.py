@@ -82,14 +82,18 @@ def taper_widths(*, shape: str, ratio: float, num_layers: int, total: int, multi
     """
     if total % multiple_of:
         raise ValueError(f"total width {total} is not a multiple of {multiple_of}")
-    units = total // multiple_of
-    if units < num_layers:
+    if total // multiple_of < num_layers:
         raise ValueError(f"total width {total} cannot give {num_layers} layers {multiple_of} each")
+    return list(_widths(shape, ratio, num_layers, total // multiple_of, multiple_of))
+
+
+# the solver asks for the same few totals at many d_model
+@lru_cache(maxsize=8192)
+def _widths(shape: str, ratio: float, num_layers: int, units: int, multiple_of: int) -> tuple[int, ...]:
     if shape in MIRRORS:
-        return taper_widths(shape=MIRRORS[shape], ratio=ratio, num_layers=num_layers, total=total,
-                            multiple_of=multiple_of)[::-1]
+        return _widths(MIRRORS[shape], ratio, num_layers, units, multiple_of)[::-1]
     counts = _apportion(profile(shape, num_layers, ratio), units, centred=shape in CENTRED)
-    return [c * multiple_of for c in counts]
+    return tuple(c * multiple_of for c in counts)
 
 
 def _apportion(weights: tuple[float, ...], units: int, *, centred: bool) -> list[int]:
@@ -100,22 +104,24 @@ def _apportion(weights: tuple[float, ...], units: int, *, centred: bool) -> list
     """
     n = len(weights)
     fixed: set[int] = set()  # layers held at one unit because their share is below it
+    free = list(range(n))
     while True:
-        free = [i for i in range(n) if i not in fixed]
-        if not free:  # units == n: one each
-            return [1] * n
         scale = (units - len(fixed)) / sum(weights[i] for i in free)
-        low = {i for i in free if weights[i] * scale < 1}
+        low = [i for i in free if weights[i] * scale < 1]
         if not low:
             break
-        fixed |= low
+        fixed.update(low)
+        free = [i for i in free if i not in fixed]
+        if not free:  # units == n: one each
+            return [1] * n
     counts = [1] * n
     remainders = []
     for i in free:
         share = weights[i] * scale
-        counts[i] = math.floor(share)
-        tie = abs(i - (n - 1) / 2) if centred else i
-        remainders.append((-(share - counts[i]), tie, i))
-    for _, _, i in sorted(remainders)[: units - sum(counts)]:
-        counts[i] += 1
+        counts[i] = int(share)
+        remainders.append((counts[i] - share, abs(i - (n - 1) / 2) if centred else i, i))
+    spare = units - sum(counts)
+    if spare:
+        for _, _, i in sorted(remainders)[:spare]:
+            counts[i] += 1
     return counts
