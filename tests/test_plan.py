@@ -123,3 +123,15 @@ def test_the_gated_attention_gate_defaults_to_elementwise_everywhere(tmp_path):
     assert gate_width(trial.spec, layer) == gate_width(trial.spec, type(layer)(mixer=layer.mixer)) == trial.spec.head_dim
     docs = (ROOT / "docs" / "architectures.md").read_text()
     assert re.search(r"^\| `gate` \| `\"elementwise\"` \|", docs, re.M)
+
+
+def test_a_point_that_makes_no_valid_model_is_refused_in_one_line(tmp_path):
+    """HRM needs a fast and a slow layer: one layer was a ValueError traceback out of the counts."""
+    path = tmp_path / "study.yaml"
+    path.write_text("name: h\nspace:\n  axes:\n    family: hrm\n    num_layers: 1\nbudget:\n  targets: [1.0e+5]\n"
+                    "data:\n  kind: text\n  seq_len: 16\n")
+    with pytest.raises(A.SpecError) as err:
+        A.plan(A.load_study(path))
+    text = str(err.value)
+    assert "\n" not in text and text.startswith(f"{path}:3: space.axes: trial (family=hrm, num_layers=1")
+    assert "slow_layers" in text
