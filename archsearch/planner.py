@@ -220,9 +220,12 @@ def _trial(study: Study, axes: dict, seed: int, arm: Arm, recipe: dict, data: di
         recipe=recipe, data=data)
 
 
+def _named(point: dict) -> str:
+    return "trial (" + ", ".join(f"{k}={v}" for k, v in point.items()) + ")"
+
+
 def _budget_error(study: Study, index: int, point: dict, err: BudgetError) -> SpecError:
-    where = ", ".join(f"{k}={v}" for k, v in point.items())
-    message = f"impossible budget for trial ({where}): {err}"
+    message = f"impossible budget for {_named(point)}: {err}"
     origin = study._origin
     loc = ("budget", "targets", index) if isinstance(study.budget.targets, list) else ("budget", "targets")
     if origin is None:
@@ -231,8 +234,7 @@ def _budget_error(study: Study, index: int, point: dict, err: BudgetError) -> Sp
 
 
 def _point_error(study: Study, point: dict, err: ValueError) -> SpecError:
-    where = ", ".join(f"{k}={v}" for k, v in point.items())
-    message = f"trial ({where}) makes no valid model: {err}"
+    message = f"{_named(point)} makes no valid model: {err}"
     hint = "change these axes, or add a constraint that excludes them"
     origin = study.space._origin
     if origin is None:
