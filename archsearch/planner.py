@@ -183,7 +183,10 @@ def _baseline_arm(study: Study, point: dict, make: SpecMaker, partner: ArchSpec,
         solution = solver(target=target, make_spec=make_baseline, measure=measure, solve_for="mlp",
                           d_model=partner.d_model)
     except BudgetError:
-        solution = solver(target=target, make_spec=make_baseline, measure=measure)
+        try:
+            solution = solver(target=target, make_spec=make_baseline, measure=measure)
+        except BudgetError as err:
+            raise BudgetError(f"its {protocol} baseline: {err}", closest=err.closest, hint=err.hint) from None
     return Arm("baseline", protocol, target, solution.achieved, solution.spec)
 
 

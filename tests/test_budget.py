@@ -257,3 +257,15 @@ def test_a_swept_learning_rate_keeps_each_baseline_with_its_arm(tmp_path):
     for trial in baselines:
         groups.setdefault(trial.sweep_group, set()).add(trial.axes["exit_gate"])
     assert sorted(map(sorted, groups.values())) == [[False], [True]]
+
+
+def test_an_unreachable_baseline_is_refused_naming_its_partner(tmp_path):
+    """HRM reaches 2e5 parameters at d_model 64, but the UT's MLP steps (16 wide, six layers, six
+    steps) cannot land within 0.5% of HRM's FLOPs there."""
+    study = study_of(tmp_path, axes=HRM_TAPER, budget="targets: [2.0e+5]\nprotocol: iso_flop\nsolve_for: mlp\n",
+                     model="d_model: 64\n    multiple_of: 16")
+    with pytest.raises(A.SpecError) as err:
+        A.plan(study)
+    text = str(err.value)
+    assert "\n" not in text and "trial (family=hrm" in text and "budget.targets[0]" in text
+    assert "its iso_flop baseline: no width reaches target" in text and "closest is" in text
