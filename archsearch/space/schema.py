@@ -23,7 +23,7 @@ from archsearch.space.training import Data, Recipe, Strict, TextData
 
 T = TypeVar("T")
 
-TAPER_SHAPES = ("uniform", "cosine", "linear", "sigmoid", "reverse")
+TAPER_SHAPES = ("uniform", "cosine", "linear", "sigmoid", "reverse", "step_early", "step_middle", "step_late")
 FAMILIES = ("transformer", "gated_attention", "mamba", "gdn", "hybrid", "looped", "memory", "gpn", "hrm",
             "universal", "titans", "hope")
 
@@ -82,14 +82,17 @@ class TaperAxes(Strict):
 
     shape: axis(Literal[TAPER_SHAPES]) = Field(
         default="uniform", validate_default=True,
-        description="uniform | cosine | linear | sigmoid | reverse (cosine, narrow first)")
+        description="uniform | cosine | linear | sigmoid | reverse (cosine, narrow first) | step_early | "
+                    "step_middle | step_late (one third of the layers ratio x as wide as the rest)")
     ratio: axis(Annotated[float, Field(ge=1.0, le=20.0)]) = Field(
         default=3.0, validate_default=True,
         description="widest layer over narrowest; 3.0 gives the 1.5x -> 0.5x cosine of TLM")
 
 
 class AttentionAxes(Strict):
-    gate: axis(Literal["elementwise", "headwise"]) = fixed("headwise")
+    gate: axis(Literal["elementwise", "headwise"]) = Field(
+        default="elementwise", validate_default=True,
+        description="elementwise: a gate per head channel (the paper's best); headwise: one per head")
 
 
 class HybridAxes(Strict):
@@ -202,8 +205,10 @@ class Budget(Strict):
                                        "both: whichever pair lands closest")
     tolerance: float = Field(default=0.005, gt=0, le=0.5, description="largest |achieved/target - 1|")
     protocol: Literal["none", "iso_param", "iso_flop"] = Field(
-        default="none", description="looped points also get a baseline arm: iso_param = the same layers once; "
-                                    "iso_flop = loops x layers distinct layers")
+        default="none", description="looped and hrm points also get a baseline arm, its MLP width solved to "
+                                    "their params (iso_param) or training FLOPs (iso_flop): looped k x L against "
+                                    "the same k layers once (iso_param) or L x k distinct layers (iso_flop); hrm "
+                                    "N x T against the Universal Transformer over the same layers for N * T steps")
 
     @model_validator(mode="after")
     def _non_empty(self) -> Budget:
