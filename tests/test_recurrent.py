@@ -17,7 +17,7 @@ from archsearch.arch.spec import ArchSpec, LayerSpec
 from archsearch.arch.structures import gpn as gpn_module
 from archsearch.arch.structures import hrm as hrm_module
 from archsearch.arch.structures.stack import layer_flops
-from archsearch.budget import count_params
+from archsearch.budget import count_params, flops_per_token
 from tests.zoo.cases_recurrent import gpn, hrm, universal
 
 
@@ -142,16 +142,24 @@ def test_universal_step_embeddings_are_steps_times_d():
 
 
 def test_gpn_m_paper_total_reproduces_papers_md():
-    """papers.md section 11: 1L GPN+M, d=2496, d_emb=768, d_ffn=6656, H=15, K=128, W=256, V=32k -> 129.15M."""
+    """papers.md section 4: 1L GPN+M, d=2496, d_emb=768, d_ffn=6656, H=15, K=128, W=256, V=32k -> 129.15M,
+    by the formula and by the module built at that size (on the meta device: shapes, no memory).
+    Fails on the mutation ``self.decode = nn.Linear(d, e)`` -> ``nn.Linear(d, d)`` in GPN (the built
+    model has D x D more parameters) and on ``2 * e * d + d * d`` -> ``3 * d * d`` in ``flops``."""
     total = gpn_module.paper_params(vocab_size=32000, d_state=2496, d_emb=768, ffn_widths=(6656,),
                                     memory=(15, 128, 256))
     assert total == 129_151_902
-    # with d_emb = d the formula is the built model's count (checked small in the zoo contract)
-    spec = gpn(widths=(6656,), d_model=2496, vocab=32000, memory=True, mem_heads=15, mem_key_dim=128,
+    spec = gpn(widths=(6656,), d_model=2496, vocab=32000, memory=True, d_emb=768, mem_heads=15, mem_key_dim=128,
                mem_value_dim=256)
-    same_width = gpn_module.paper_params(vocab_size=32000, d_state=2496, d_emb=2496, ffn_widths=(6656,),
-                                         memory=(15, 128, 256))
-    assert count_params(spec, embeddings=True) == same_width
+    with torch.device("meta"):
+        model = build_model(spec)
+    assert sum(p.numel() for p in model.parameters()) == total == count_params(spec, embeddings=True)
+    assert model.embed.weight.shape == (32000, 768) and model.fuse.weight.shape == (2496, 768)
+    # every Linear runs once per token: forward FLOPs are 2 per Linear weight, the tied head's V x E
+    # included, plus the memory einsums
+    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    assert flops_per_token(spec, seq_len=2048, kind="forward") == 2 * (linear + 32000 * 768) + \
+        gpn_module.mixing(spec, 2048)
 
 
 def test_hrm_paper_total_reproduces_papers_md():

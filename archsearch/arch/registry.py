@@ -24,6 +24,10 @@ def _no_extra(spec: ArchSpec, seq_len: int) -> float:
     return 0.0
 
 
+def _model_width(spec: ArchSpec) -> int:
+    return spec.d_model
+
+
 @dataclass(frozen=True)
 class Structure:
     """A registered model structure: module class plus its counting formulas."""
@@ -35,6 +39,8 @@ class Structure:
     state: Callable[[ArchSpec, int], int] = _state_unknown  # values kept per sequence after seq_len tokens
     # forward FLOPs per token that only training runs (an exit gate's LM head after every loop)
     train_extra: Callable[[ArchSpec, int], float] = _no_extra
+    # the width of the embedding and LM head (GPN's may differ from d_model)
+    embedding_width: Callable[[ArchSpec], int] = _model_width
 
 
 STRUCTURES: dict[str, Structure] = {
@@ -42,9 +48,11 @@ STRUCTURES: dict[str, Structure] = {
     "looped": Structure(looped.Looped, looped.params, looped.flops, looped.mixing, looped.state,
                          looped.train_extra),
     "memory": Structure(memory.MemoryStack, memory.params, memory.flops, memory.mixing, memory.state),
-    "gpn": Structure(gpn.GPN, gpn.params, gpn.flops, gpn.mixing, gpn.state),
-    "gpn_m": Structure(gpn.GPN, gpn.params, gpn.flops, gpn.mixing, gpn.state),
-    "hrm": Structure(hrm.HRM, hrm.hrm_params, hrm.hrm_flops, hrm.hrm_mixing, hrm.hrm_state),
+    "gpn": Structure(gpn.GPN, gpn.params, gpn.flops, gpn.mixing, gpn.state,
+                     embedding_width=gpn.embedding_width),
+    "gpn_m": Structure(gpn.GPN, gpn.params, gpn.flops, gpn.mixing, gpn.state,
+                       embedding_width=gpn.embedding_width),
+    "hrm": Structure(hrm.HRM, hrm.hrm_params, hrm.hrm_flops, hrm.hrm_mixing, hrm.hrm_state, hrm.hrm_train_extra),
     "universal": Structure(hrm.Universal, hrm.ut_params, hrm.ut_flops, hrm.ut_mixing, hrm.ut_state),
 }
 

@@ -16,6 +16,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from archsearch.arch import registry
 from archsearch.arch.model import build_model
 from archsearch.budget import count_params
 from archsearch.budget.count import weight_flops_per_token
@@ -50,7 +51,8 @@ def test_matmul_flops_agree_with_torch_counter(spec):
     per_module = counter.get_flop_counts()
     measured = sum(sum(ops.values()) for key, ops in per_module.items()
                    if key.partition(".")[2] in weights)
-    measured += 2 * spec.d_model * spec.vocab_size * seq_len  # the head is a bare matmul, tied or not
+    # the head is a bare matmul, tied or not, as wide as the embedding
+    measured += 2 * registry.structure(spec.structure).embedding_width(spec) * spec.vocab_size * seq_len
     analytic = weight_flops_per_token(spec, seq_len=seq_len) * seq_len
     assert measured == pytest.approx(analytic, rel=0.02)
 
