@@ -18,6 +18,7 @@ from archsearch.arch.structures import gpn as gpn_module
 from archsearch.arch.structures import hrm as hrm_module
 from archsearch.arch.structures.stack import layer_flops
 from archsearch.budget import count_params, flops_per_token
+from archsearch.arch.structures.gpn import l2_normalize
 from tests.zoo.cases_recurrent import gpn, hrm, universal
 
 
@@ -75,19 +76,42 @@ def test_gpn_m_memory_write_is_the_gated_delta_rule_by_hand():
 
 
 def test_gpn_m_recall_reads_the_undecayed_memory_unlike_gated_deltanet():
-    """The paper's write recalls from M_{t-1}, Gated DeltaNet's from a_t M_{t-1};
-    with a < 1 the two differ, which is why the kernel is not reused."""
+    """The paper's write recalls from M_{t-1}, Gated DeltaNet's from a_t M_{t-1}:
+    two writes of GPN's MemoryWrite against the Gated DeltaNet kernel fed the
+    same keys, values, betas and decays. They agree on the first write (empty
+    memory) and differ on the second by exactly beta (a - 1) k (M_1^T k)^T,
+    which is why the kernel is not reused. Fails on the mutation that recalls
+    from the decayed memory in ``MemoryWrite.forward`` (``M_BHKW`` ->
+    ``decay_BH[..., None, None] * M_BHKW`` in the recall einsum)."""
     from archsearch_kernels.gated_delta import gated_delta_rule_naive
 
     torch.manual_seed(0)
-    k = F.normalize(torch.randn(1, 2, 1, 3), dim=-1)
-    v, beta, g = torch.randn(1, 2, 1, 2), torch.full((1, 2, 1), 0.7), torch.full((1, 2, 1), -0.5)
-    _, kernel_state = gated_delta_rule_naive(k, k, v, g, beta, return_last_state=True)
-    M = torch.zeros(3, 2)
-    for t in range(2):
-        kt, vt, a = k[0, t, 0], v[0, t, 0], g[0, t, 0].exp()
-        M = a * M + beta[0, t, 0] * torch.outer(kt, vt - M.T @ kt)
-    assert not torch.allclose(kernel_state[0, 0], M, atol=1e-4)
+    spec = gpn(d_model=6, widths=(5,), memory=True, mem_heads=2, mem_key_dim=3, mem_value_dim=2, vocab=11)
+    write = build_model(spec).write
+    _randomise(write, seed=3)
+    states = torch.randn(3, 1, 6)  # grounded states s_0, s_1, s_2 of one sequence
+    H, K, W = 2, 3, 2
+    with torch.no_grad():
+        M1 = write(states[0], states[1], torch.zeros(1, H, K, W))
+        M2 = write(states[1], states[2], M1)
+        # the write's own terms for steps 1 and 2: key from the previous state, the rest from the current
+        keys = [l2_normalize(F.relu(write.key(write.norm(states[t]))).view(H, K)) for t in (0, 1)]
+        value, beta, a = zip(*(write.value_beta_decay(write.norm(states[t])).split([H * W, H, H], dim=-1)
+                               for t in (1, 2)))
+        decay = [torch.exp(-write.A_log.exp() * F.softplus(x[0] + write.dt_bias)) for x in a]
+        _, kernel_state = gated_delta_rule_naive(
+            torch.stack(keys)[None], torch.stack(keys)[None], torch.stack([v.view(H, W) for v in value])[None],
+            torch.stack(decay).log()[None], torch.sigmoid(torch.stack([b[0] for b in beta]))[None],
+            return_last_state=True)
+        _, kernel_first = gated_delta_rule_naive(
+            keys[0][None, None], keys[0][None, None], value[0].view(1, 1, H, W), decay[0].log()[None, None],
+            torch.sigmoid(beta[0])[None], return_last_state=True)
+    assert torch.allclose(kernel_first, M1, atol=1e-6)
+    assert decay[1].max() < 0.99 and not torch.allclose(kernel_state, M2, atol=1e-4)
+    k, b2 = keys[1], torch.sigmoid(beta[1][0])
+    recalled = torch.einsum("hkw,hk->hw", M1[0], k)
+    gap = (b2 * (decay[1] - 1))[:, None, None] * k[:, :, None] * recalled[:, None, :]
+    assert torch.allclose(M2[0] - kernel_state[0], gap, atol=1e-5)
 
 
 def test_gpn_logits_depend_on_the_state_not_on_position():
@@ -171,12 +195,124 @@ def test_hrm_paper_total_reproduces_papers_md():
     assert count_params(spec) - (2 * 8 + 1) * 512 == 27_262_976
 
 
-def test_hrm_flops_count_every_module_call():
-    spec = hrm(widths=(48, 40, 56), N=3, T=2, fast_layers=1)
-    stack = replace(spec, structure="stack", options={})
-    per_layer = [layer_flops(spec, layer, 64) for layer in spec.layers]
-    assert hrm_module.hrm_flops(spec, 64) == pytest.approx(3 * (2 * per_layer[0] + per_layer[1] + per_layer[2]))
-    assert hrm_module.hrm_params(spec) == count_params(stack)
+@pytest.mark.parametrize("options", [dict(N=3, T=2, fast_layers=1), dict(N=2, T=3, segments=2)],
+                         ids=["N3-T2", "N2-T3-segments2"])
+def test_hrm_flops_count_every_module_call(options):
+    """The analytic count against the layer calls the built model makes (forward
+    hooks), and the parameters against the built module. Fails on the mutation
+    ``S * N * (T * fast + slow)`` -> ``S * (N * T * fast + slow)`` in ``_hrm_sum``
+    (the slow module counted once per segment, not N times)."""
+    spec = hrm(widths=(48, 40, 56), **options)
+    model = build_model(spec)
+    seq_len, counted = 12, []
+    for layer_module, layer_spec in zip([*model.fast.layers, *model.slow.layers], spec.layers):
+        layer_module.register_forward_hook(
+            lambda *_, layer_spec=layer_spec: counted.append(layer_flops(spec, layer_spec, seq_len)))
+    model(torch.zeros(1, seq_len, dtype=torch.long))
+    opts = hrm_module.hrm_options(spec)
+    assert len(counted) == opts.segments * opts.N * (opts.T * opts.fast_layers + opts.slow_layers)
+    assert hrm_module.hrm_flops(spec, seq_len) == pytest.approx(sum(counted))
+    embedding = spec.vocab_size * spec.d_model
+    assert hrm_module.hrm_params(spec) == sum(p.numel() for p in model.parameters()) - embedding
+
+
+def _hrm_pair(**options):
+    """An HRM with ``options`` and a plain-BPTT twin with the same weights."""
+    torch.manual_seed(0)
+    spec = hrm(widths=(48, 40), N=2, T=2, **options)
+    model = build_model(spec)
+    twin = build_model(replace(spec, options=dict(N=2, T=2)))
+    twin.load_state_dict(model.state_dict())
+    return spec, model, twin
+
+
+def _grads(model, loss) -> dict[str, torch.Tensor]:
+    model.zero_grad()
+    loss.backward()
+    return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+def _logits(model, h_BTD):
+    return model.norm(h_BTD) @ model.embed.weight.T
+
+
+def test_hrm_one_step_gradient_is_the_last_updates_with_inputs_held():
+    """HRM's one-step gradient: every update but the last fast and last slow one
+    under no_grad. Its gradients equal a reference written out here (the loop
+    under no_grad, then the two updates with grad), and differ from full BPTT,
+    which reaches the same parameters through the earlier updates too.
+    Fails on the mutation ``torch.no_grad() if self.one_step and not last`` ->
+    ``contextlib.nullcontext()`` in ``HRM._graded`` (one_step becomes BPTT)."""
+    spec, model, twin = _hrm_pair(grad="one_step")
+    tokens = torch.randint(0, spec.vocab_size, (2, 7))
+    targets = torch.randint(0, spec.vocab_size, (2, 7))
+    one_step = _grads(model, model.training_loss(tokens, targets))
+    bptt = _grads(twin, twin.training_loss(tokens, targets))
+
+    eps = spec.norm_eps
+    e = twin.embed(tokens)
+    with torch.no_grad():
+        fast = slow = torch.zeros_like(e)
+        for _ in range(2):
+            fast = F.rms_norm(twin.fast(fast + slow + e), (spec.d_model,), eps=eps)
+        slow = F.rms_norm(twin.slow(slow + fast), (spec.d_model,), eps=eps)
+        fast = F.rms_norm(twin.fast(fast + slow + e), (spec.d_model,), eps=eps)  # cycle 2, fast step 1
+    fast = F.rms_norm(twin.fast(fast + slow + e), (spec.d_model,), eps=eps)  # the last fast update
+    slow = twin.slow(slow + fast)  # the last slow update
+    reference = _grads(twin, F.cross_entropy(_logits(twin, slow).flatten(0, 1), targets.flatten()))
+
+    assert one_step.keys() == reference.keys() == bptt.keys()
+    for name in one_step:
+        assert torch.allclose(one_step[name], reference[name], atol=1e-6), name
+    differs = [name for name in one_step if not torch.allclose(one_step[name], bptt[name], atol=1e-5)]
+    assert any(name.startswith("fast.") for name in differs) and any(name.startswith("slow.") for name in differs)
+    with torch.no_grad():  # the forward pass is the same computation
+        assert torch.allclose(model(tokens), twin(tokens), atol=1e-6)
+
+
+def test_hrm_deep_supervision_is_the_mean_loss_over_detached_segments():
+    """Segments S = 2: the training loss is the mean of each segment's CE, the
+    second segment starting from the first's states detached (so its loss sends
+    no gradient through segment 1); forward returns the last segment's logits.
+    Fails on the mutation that drops ``.detach()`` between segments in
+    ``HRM.segment_states`` (the gradients then differ from the reference)."""
+    spec, model, twin = _hrm_pair(segments=2)
+    tokens = torch.randint(0, spec.vocab_size, (2, 7))
+    targets = torch.randint(0, spec.vocab_size, (2, 7))
+    loss = model.training_loss(tokens, targets)
+    grads = _grads(model, loss)
+
+    e = twin.embed(tokens)
+    zeros = torch.zeros_like(e)
+    fast, slow = twin.segment(e, zeros, zeros)
+    first = _logits(twin, slow)
+    fast, slow = twin.segment(e, fast.detach(), F.rms_norm(slow.detach(), (spec.d_model,), eps=spec.norm_eps))
+    second = _logits(twin, slow)
+    by_segment = [F.cross_entropy(logits.flatten(0, 1), targets.flatten()) for logits in (first, second)]
+    assert loss.item() == pytest.approx(((by_segment[0] + by_segment[1]) / 2).item(), abs=1e-6)
+    assert by_segment[0].item() != pytest.approx(by_segment[1].item(), abs=1e-4)  # two distinct segments
+    reference = _grads(twin, (by_segment[0] + by_segment[1]) / 2)
+    for name in grads:
+        assert torch.allclose(grads[name], reference[name], atol=1e-6), name
+    with torch.no_grad():
+        assert torch.allclose(model(tokens), second, atol=1e-6)
+
+
+@pytest.mark.parametrize("options", [dict(grad="one_step"), dict(segments=3), dict(grad="one_step", segments=2)],
+                         ids=["one-step", "segments3", "both"])
+def test_hrm_gradient_options_keep_the_parameters(options):
+    """The options change how the model trains, not what it is: the same count
+    (and the same built parameters) as plain HRM; deep supervision's extra heads
+    are counted in training FLOPs."""
+    spec, model, twin = _hrm_pair(**options)
+    assert count_params(spec) == count_params(twin.spec)
+    assert [p.shape for p in model.parameters()] == [p.shape for p in twin.parameters()]
+    segments = options.get("segments", 1)
+    assert flops_per_token(spec, seq_len=16, kind="forward") - 2 * spec.d_model * spec.vocab_size == \
+        pytest.approx(segments * (flops_per_token(twin.spec, seq_len=16, kind="forward")
+                                  - 2 * spec.d_model * spec.vocab_size))
+    assert flops_per_token(spec, seq_len=16) == pytest.approx(3 * (
+        flops_per_token(spec, seq_len=16, kind="forward") + 2 * spec.d_model * spec.vocab_size * (segments - 1)))
 
 
 @pytest.mark.parametrize("spec,message", [
@@ -186,9 +322,11 @@ def test_hrm_flops_count_every_module_call():
     (gpn(memory=True, mem_heads=0), "ints >= 1"),
     (hrm(fast_layers=3), "fast_layers"),
     (hrm(N=2, cycles=3), "unknown options"),
+    (hrm(grad="truncated"), "grad must be 'bptt' or 'one_step'"),
+    (hrm(segments=0), "segments must be an int >= 1"),
     (universal(steps=0), "steps"),
 ], ids=["gpn-layers-mismatch", "gpn-memory-option", "gpn-wrong-mixer", "gpn_m-zero-heads", "hrm-no-slow-layer",
-        "hrm-unknown", "universal-zero-steps"])
+        "hrm-unknown", "hrm-bad-grad", "hrm-zero-segments", "universal-zero-steps"])
 def test_bad_options_are_refused_by_name(spec, message):
     with pytest.raises(ValueError, match=message):
         count_params(spec)
