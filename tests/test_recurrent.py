@@ -12,13 +12,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import archsearch as A
 from archsearch.arch.model import build_model
 from archsearch.arch.spec import ArchSpec, LayerSpec
 from archsearch.arch.structures import gpn as gpn_module
 from archsearch.arch.structures import hrm as hrm_module
+from archsearch.arch.structures.gpn import l2_normalize
 from archsearch.arch.structures.stack import layer_flops
 from archsearch.budget import count_params, flops_per_token
-from archsearch.arch.structures.gpn import l2_normalize
 from tests.zoo.cases_recurrent import gpn, hrm, universal
 
 
@@ -330,3 +331,40 @@ def test_hrm_gradient_options_keep_the_parameters(options):
 def test_bad_options_are_refused_by_name(spec, message):
     with pytest.raises(ValueError, match=message):
         count_params(spec)
+
+
+PAPER_GPN_STUDY = """\
+name: gpn-paper
+space:
+  axes:
+    family: gpn
+    num_layers: 1  # GPN's depth is gpn.layers
+    gpn: {layers: 1, memory: true, d_emb: 768, mem_heads: 15, mem_key_dim: 128, mem_value_dim: 256}
+  model: {d_model: 2496, head_dim: 16, multiple_of: 8}
+budget: {match: params, count_embeddings: true, solve_for: mlp, targets: [129151902], tolerance: 0.001}
+data: {kind: mqar, vocab_size: 32000, seq_len: 64, num_pairs: 4}
+"""
+
+
+def test_the_papers_130m_gpn_m_plans_from_a_study(tmp_path):
+    """A study names the paper's 1L GPN+M (papers.md section 4) through the gpn
+    axes, and the planner sizes its FFN to the paper's 6656, 129,151,902 in all.
+    Fails on the mutation that drops ``d_emb`` from the options families.py
+    passes (the plan then has a 2496-wide embedding and misses its target)."""
+    path = tmp_path / "study.yaml"
+    path.write_text(PAPER_GPN_STUDY)
+    (trial,) = A.plan(A.load_study(path))
+    assert trial.spec.structure == "gpn_m" and trial.spec.mlp_widths == (6656,)
+    assert trial.spec.options == dict(d_emb=768, mem_heads=15, mem_key_dim=128, mem_value_dim=256)
+    assert count_params(trial.spec, embeddings=True) == 129_151_902
+
+
+def test_hrm_training_options_are_reachable_from_a_study(tmp_path):
+    """hrm.grad and hrm.segments reach the spec's options (and stay out of it at
+    their defaults, so existing HRM trials keep their ids)."""
+    path = tmp_path / "study.yaml"
+    path.write_text("name: h\nspace:\n  axes: {family: hrm, num_layers: 2, hrm: {N: 2, T: 2, grad: [bptt, one_step], "
+                    "segments: [1, 3]}}\n  model: {head_dim: 8}\nbudget: {targets: [20000], tolerance: 0.05}\n")
+    options = sorted((t.spec.options for t in A.plan(A.load_study(path))), key=str)
+    assert options == sorted([dict(N=2, T=2), dict(N=2, T=2, grad="one_step"), dict(N=2, T=2, segments=3),
+                              dict(N=2, T=2, grad="one_step", segments=3)], key=str)
