@@ -189,9 +189,9 @@ class GPN(LanguageModel):
         super().__init__(spec)
         opts = gpn_options(spec)
         memory, d, e = opts.memory, spec.d_model, opts.d_emb
-        # the frame's embedding and untied head are D wide; here they are E wide
-        self.embed = nn.Embedding(spec.vocab_size, e)
-        self.head = None if spec.tie_embeddings else nn.Linear(e, spec.vocab_size, bias=False)
+        if e != d:  # the frame's embedding and untied head are D wide; here they are E wide
+            self.embed = nn.Embedding(spec.vocab_size, e)
+            self.head = None if spec.tie_embeddings else nn.Linear(e, spec.vocab_size, bias=False)
         self.fuse_norm = nn.RMSNorm(e, eps=spec.norm_eps)
         self.fuse = nn.Linear(e, d, bias=False)
         self.fuse_keep = Gate(spec=spec)
