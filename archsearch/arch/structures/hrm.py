@@ -46,9 +46,8 @@ Dimensions: B batch, T time, D model width.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import contextlib
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
