@@ -11,6 +11,7 @@ from dataclasses import replace
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
 
 import archsearch as A
 from archsearch.arch.model import build_model
@@ -18,7 +19,7 @@ from archsearch.arch.spec import ArchSpec, LayerSpec
 from archsearch.arch.structures import gpn as gpn_module
 from archsearch.arch.structures import hrm as hrm_module
 from archsearch.arch.structures.gpn import l2_normalize
-from archsearch.arch.structures.stack import layer_flops
+from archsearch.arch.structures.stack import layer_flops, layer_mixing
 from archsearch.budget import count_params, flops_per_token
 from tests.zoo.cases_recurrent import gpn, hrm, universal
 
@@ -303,17 +304,37 @@ def test_hrm_deep_supervision_is_the_mean_loss_over_detached_segments():
                          ids=["one-step", "segments3", "both"])
 def test_hrm_gradient_options_keep_the_parameters(options):
     """The options change how the model trains, not what it is: the same count
-    (and the same built parameters) as plain HRM; deep supervision's extra heads
-    are counted in training FLOPs."""
+    (and the same built parameters) as plain HRM."""
     spec, model, twin = _hrm_pair(**options)
     assert count_params(spec) == count_params(twin.spec)
     assert [p.shape for p in model.parameters()] == [p.shape for p in twin.parameters()]
+
+
+@pytest.mark.parametrize("options", [dict(), dict(grad="one_step"), dict(segments=2),
+                                     dict(grad="one_step", segments=2)],
+                         ids=["bptt", "one-step", "segments2", "one-step-segments2"])
+def test_hrm_training_flops_match_torchs_count_of_forward_and_backward(options):
+    """Training FLOPs per token against torch's counter over one training step
+    (forward and backward): it sees every weight matmul and the LM heads, so
+    the analytic count less its attention terms must match exactly; under
+    one_step only the last fast and slow call (and the head) of each segment
+    run backward, deep supervision reads a head per segment. Fails on the
+    mutation that drops ``+ 2.0 * graded`` for ``3.0 * trained`` in
+    ``flops_per_token`` (one_step then counts a full backward)."""
+    torch.manual_seed(0)
+    spec = hrm(widths=(48, 40), N=2, T=2, **options)
+    model = build_model(spec)
+    seq_len = 16
+    tokens = torch.randint(0, spec.vocab_size, (1, seq_len))
+    with FlopCounterMode(display=False) as counter:
+        model.training_loss(tokens, tokens).backward()
     segments = options.get("segments", 1)
-    assert flops_per_token(spec, seq_len=16, kind="forward") - 2 * spec.d_model * spec.vocab_size == \
-        pytest.approx(segments * (flops_per_token(twin.spec, seq_len=16, kind="forward")
-                                  - 2 * spec.d_model * spec.vocab_size))
-    assert flops_per_token(spec, seq_len=16) == pytest.approx(3 * (
-        flops_per_token(spec, seq_len=16, kind="forward") + 2 * spec.d_model * spec.vocab_size * (segments - 1)))
+    forward_mixing = hrm_module.hrm_mixing(spec, seq_len)
+    # backward runs through every call (BPTT) or one call of each layer per segment
+    graded_mixing = forward_mixing if options.get("grad") != "one_step" else \
+        segments * sum(layer_mixing(spec, layer, seq_len) for layer in spec.layers)
+    analytic = flops_per_token(spec, seq_len=seq_len) - forward_mixing - 2 * graded_mixing
+    assert counter.get_total_flops() / seq_len == pytest.approx(analytic, rel=1e-9)
 
 
 @pytest.mark.parametrize("spec,message", [

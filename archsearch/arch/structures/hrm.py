@@ -193,10 +193,19 @@ def _hrm_sum(spec: ArchSpec, per_layer) -> float:
 
 
 def hrm_flops(spec: ArchSpec, seq_len: int) -> float:
-    """Forward FLOPs per token, LM head excluded: S (N*T*C_fast + N*C_slow) over S segments.
-    Training is counted as 3x forward under ``one_step`` too (its backward is
-    shorter: an overcount, never an undercount, of training compute)."""
+    """Forward FLOPs per token, LM head excluded: S (N*T*C_fast + N*C_slow) over S segments."""
     return _hrm_sum(spec, lambda layer: layer_flops(spec, layer, seq_len))
+
+
+def hrm_graded(spec: ArchSpec, seq_len: int) -> float | None:
+    """Under ``one_step``, the training forward FLOPs that carry gradient: per
+    segment one fast and one slow call and the LM head, S (C_fast + C_slow + 2 D V);
+    None (all of them) under BPTT."""
+    opts = hrm_options(spec)
+    if opts.grad != "one_step":
+        return None
+    calls = sum(layer_flops(spec, layer, seq_len) for layer in spec.layers)  # one call of each module
+    return opts.segments * (calls + 2.0 * spec.d_model * spec.vocab_size)
 
 
 def hrm_train_extra(spec: ArchSpec, seq_len: int) -> float:
