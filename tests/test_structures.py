@@ -238,10 +238,17 @@ def test_shared_weights_are_counted_once(gate):
     assert built == count_params(five, embeddings=True)
 
 
-@pytest.mark.parametrize("options", [dict(), dict(loops=0), dict(loops=2, exit_threshold=0.5),
-                                     dict(loops=2, exit_gate=True, exit_threshold=1.5), dict(loops=2, loop=3)])
-def test_looped_rejects_bad_options(options):
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize("options,message", [
+    (dict(), r"options\['loops'\] is required"),
+    (dict(loops=0), "loops must be an int >= 1, got 0"),
+    (dict(loops=2, exit_threshold=0.5), "exit_threshold and cache_hole need exit_gate=True"),
+    (dict(loops=2, exit_gate=True, exit_threshold=1.5), r"exit_threshold must be in \(0, 1\], got 1.5"),
+    (dict(loops=2, loop=3), r"unknown options \['loop'\]"),
+], ids=["no-loops", "zero-loops", "threshold-without-gate", "threshold-above-one", "misspelt-option"])
+def test_looped_rejects_bad_options(options, message):
+    """Each bad option is refused for its own reason. Fails on the mutation
+    ``opts.loops < 1`` -> ``opts.loops < 0`` in loop_options (zero loops builds)."""
+    with pytest.raises(ValueError, match=message):
         build_model(replace(looped(), options=options))
 
 
@@ -335,10 +342,17 @@ def test_memory_param_formula_by_hand():
     assert count_params(spec) - count_params(plain) == by_hand
 
 
-@pytest.mark.parametrize("options", [dict(placement=3), dict(placement=-1), dict(slots=0),
-                                     dict(memory_dim=30, memory_heads=4), dict(segments=4)])
-def test_memory_rejects_bad_options(options):
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize("options,message", [
+    (dict(placement=3), r"placement must be in \[0, 2\], got 3"),
+    (dict(placement=-1), r"placement must be in \[0, 2\], got -1"),
+    (dict(slots=0), "slots must be an int >= 1, got 0"),
+    (dict(memory_dim=30, memory_heads=4), "memory_heads 4 must divide memory_dim 30"),
+    (dict(segments=4), r"unknown options \['segments'\]"),
+], ids=["placement-past-top", "placement-negative", "zero-slots", "heads-not-dividing", "misspelt-option"])
+def test_memory_rejects_bad_options(options, message):
+    """Each bad option is refused for its own reason. Fails on the mutation
+    ``value < 1`` -> ``value < 0`` in memory_options (zero slots is accepted)."""
+    with pytest.raises(ValueError, match=message):
         memory_options(memory(**options))
 
 

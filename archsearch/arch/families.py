@@ -108,7 +108,15 @@ def _structure(point: Mapping[str, Any]) -> tuple[str, dict]:
             options["carry"] = True
         return "memory", options
     if family == "gpn":
-        return ("gpn_m" if point["gpn.memory"] else "gpn"), {}
+        # options left at 0 are left out: the structure's defaults (and unchanged trial ids)
+        widths = ["d_emb"] + (["mem_heads", "mem_key_dim", "mem_value_dim"] if point["gpn.memory"] else [])
+        return ("gpn_m" if point["gpn.memory"] else "gpn"), {
+            name: point[f"gpn.{name}"] for name in widths if point.get(f"gpn.{name}")}
     if family == "hrm":
-        return "hrm", {"N": point["hrm.N"], "T": point["hrm.T"]}
+        options = {"N": point["hrm.N"], "T": point["hrm.T"]}
+        if point.get("hrm.grad", "bptt") != "bptt":
+            options["grad"] = point["hrm.grad"]
+        if point.get("hrm.segments", 1) != 1:
+            options["segments"] = point["hrm.segments"]
+        return "hrm", options
     return "stack", {}

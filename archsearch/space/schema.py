@@ -124,13 +124,30 @@ class MemoryAxes(Strict):
 
 
 class GpnAxes(Strict):
+    """GPN's layers and widths; 0 keeps the structure's default."""
+
     layers: axis(Literal[1, 2]) = fixed(1)
     memory: axis(bool) = Field(default=False, validate_default=True, description="GPN+M")
+    d_emb: axis(Annotated[int, Field(ge=0)]) = Field(
+        default=0, validate_default=True, description="embedding width; 0 = d_model (the paper: 768 at d 2496)")
+    mem_heads: axis(Annotated[int, Field(ge=0)]) = Field(default=0, validate_default=True,
+                                                         description="GPN+M memory heads; 0 = 4")
+    mem_key_dim: axis(Annotated[int, Field(ge=0)]) = Field(default=0, validate_default=True,
+                                                           description="GPN+M key dim; 0 = 3 d_model / (4 heads)")
+    mem_value_dim: axis(Annotated[int, Field(ge=0)]) = Field(default=0, validate_default=True,
+                                                             description="GPN+M value dim; 0 = 2 x key dim")
 
 
 class HrmAxes(Strict):
     N: axis(PositiveInt) = Field(default=2, validate_default=True, description="slow cycles")
     T: axis(PositiveInt) = Field(default=2, validate_default=True, description="fast steps per slow step")
+    grad: axis(Literal["bptt", "one_step"]) = Field(
+        default="bptt", validate_default=True,
+        description="bptt: through every step; one_step: HRM's approximation, only the last fast and slow "
+                    "updates carry gradient")
+    segments: axis(PositiveInt) = Field(
+        default=1, validate_default=True,
+        description="deep supervision: forward segments, each supervised, state detached between")
 
 
 class Axes(Strict):
@@ -329,8 +346,9 @@ FAMILY_AXES: dict[str, tuple[str, ...]] = {
     "looped": _BASE + ("loops", "exit_gate", "exit_threshold", "cache_hole", "exit_entropy", "hybrid.pattern"),
     "memory": _BASE + ("memory.placement", "memory.slots", "memory.width", "memory.segment", "memory.aux",
                        "memory.aux_weight", "memory.carry"),
-    "gpn": ("family", "taper.shape", "taper.ratio", "gpn.layers", "gpn.memory"),
-    "hrm": _BASE + ("hrm.N", "hrm.T"),
+    "gpn": ("family", "taper.shape", "taper.ratio", "gpn.layers", "gpn.memory", "gpn.d_emb", "gpn.mem_heads",
+            "gpn.mem_key_dim", "gpn.mem_value_dim"),
+    "hrm": _BASE + ("hrm.N", "hrm.T", "hrm.grad", "hrm.segments"),
     "universal": _BASE + ("loops",),
     "titans": _BASE,
     "hope": _BASE,
