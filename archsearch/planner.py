@@ -25,7 +25,7 @@ from archsearch.budget import (
 )
 from archsearch.data import vocab_size_of
 from archsearch.errors import SpecError
-from archsearch.space.expand import expand
+from archsearch.space.expand import check_trial_count, expand
 from archsearch.space.schema import Study
 
 
@@ -67,6 +67,9 @@ def plan(study: Study) -> list[PlannedTrial]:
     be reached.
     """
     space, budget = study.space, study.budget
+    check_trial_count(study)
+    points = expand(space)
+    check_trial_count(study, points)
     vocab = vocab_size_of(study.data.model_dump())
     recipes = _recipes(study.recipe.model_dump())
     data = study.data.model_dump()
@@ -83,7 +86,7 @@ def plan(study: Study) -> list[PlannedTrial]:
                 seen.add(trial.trial_id)
                 trials.append(trial)
 
-    for point in expand(space):
+    for point in points:
         make = spec_maker(point, space.model, vocab_size=vocab)
         for index, target in enumerate(budget.target_list()):
             try:
