@@ -185,6 +185,8 @@ def _translate(err: ValidationError, model: type[BaseModel], data: dict, origin:
     elif kind == "union_tag_not_found":
         message = "missing 'kind'"
         hint = f"add kind: one of {first.get('ctx', {}).get('expected_tags', '')}"
+    elif kind == "value_error":  # the schema's own checks say what to do in their message
+        message = message.removeprefix("Value error, ")
     else:
         hint = "see `archsearch schema` for the expected types"
     return origin.error(message, loc=loc, hint=hint)

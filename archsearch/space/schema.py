@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Generic, Literal, TypeVar, Union
 
-from pydantic import BeforeValidator, Field, PrivateAttr, model_validator
+from pydantic import AfterValidator, BeforeValidator, Field, PrivateAttr, model_validator
 
 from archsearch.space.training import Data, Recipe, Strict, TextData
 
@@ -90,16 +90,33 @@ class AttentionAxes(Strict):
     gate: axis(Literal["elementwise", "headwise"]) = fixed("headwise")
 
 
+def _ratio_has_layers(ratio: str) -> str:
+    if sum(int(part) for part in ratio.split(":")) == 0:
+        raise ValueError(f"ratio {ratio!r} has no layers; write recurrent:attention such as '3:1'")
+    return ratio
+
+
 class HybridAxes(Strict):
     """The layer mix of hybrid and looped stacks."""
 
-    ratio: axis(Annotated[str, Field(pattern=r"^\d+:\d+$")]) = Field(
+    ratio: axis(Annotated[str, Field(pattern=r"^\d{1,4}:\d{1,4}$"), AfterValidator(_ratio_has_layers)]) = Field(
         default="3:1", validate_default=True, description="recurrent:attention layers, evenly interleaved")
     pattern: axis(Annotated[str, Field(pattern=r"^[MGA]*$", max_length=256)]) = Field(
         default="", validate_default=True,
         description="layer letters, tiled to num_layers: M mamba, G gated deltanet, A attention; when set, "
                     "used instead of ratio (looped: the shared group, default A)")
     mixer: axis(Literal["mamba", "gdn"]) = fixed("mamba")
+
+    @model_validator(mode="after")
+    def _pattern_or_ratio(self) -> HybridAxes:
+        # A written pattern replaces the ratio; a ratio written beside a
+        # pattern every point has would be dropped without a word.
+        pattern = self.pattern
+        if ({"pattern", "ratio"} <= self.model_fields_set and pattern.when is None
+                and pattern.values is not None and all(pattern.values)):
+            raise ValueError("hybrid.pattern and hybrid.ratio are both given, and the pattern replaces the ratio; "
+                             "keep one (or add '' to the patterns to also use the ratio)")
+        return self
 
 
 class MemoryAxes(Strict):
