@@ -15,6 +15,7 @@ Torch-free: this module is imported by ``archsearch plan`` and the CLI.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Generic, Literal, TypeVar, Union
 
 from pydantic import AfterValidator, BeforeValidator, Field, PrivateAttr, model_validator
@@ -73,6 +74,9 @@ def fixed(value: Any) -> Any:
 
 
 PositiveInt = Annotated[int, Field(ge=1)]
+# Seeds are stored as DuckDB INTEGER (int32), and every RNG takes them.
+Seed = Annotated[int, Field(ge=0, le=2**31 - 1, description="0 to 2**31 - 1")]
+NAME_LIMIT = 100
 
 
 class TaperAxes(Strict):
@@ -122,10 +126,10 @@ class HybridAxes(Strict):
 class MemoryAxes(Strict):
     placement: axis(Annotated[int, Field(ge=0)]) = Field(
         default=0, validate_default=True, description="the memory sits after this layer index")
-    slots: axis(PositiveInt) = fixed(8)
-    width: axis(Annotated[int, Field(ge=0)]) = Field(default=0, validate_default=True,
+    slots: axis(Annotated[int, Field(ge=1, le=4096)]) = fixed(8)
+    width: axis(Annotated[int, Field(ge=0, le=65_536)]) = Field(default=0, validate_default=True,
                                      description="memory slot width; 0 = d_model")
-    segment: axis(PositiveInt) = fixed(32)
+    segment: axis(Annotated[int, Field(ge=1, le=65_536)]) = fixed(32)
 
 
 class GpnAxes(Strict):
@@ -134,8 +138,9 @@ class GpnAxes(Strict):
 
 
 class HrmAxes(Strict):
-    N: axis(PositiveInt) = Field(default=2, validate_default=True, description="slow cycles")
-    T: axis(PositiveInt) = Field(default=2, validate_default=True, description="fast steps per slow step")
+    N: axis(Annotated[int, Field(ge=1, le=64)]) = Field(default=2, validate_default=True, description="slow cycles")
+    T: axis(Annotated[int, Field(ge=1, le=64)]) = Field(default=2, validate_default=True,
+                                                        description="fast steps per slow step")
 
 
 class Axes(Strict):
@@ -158,7 +163,7 @@ class ModelOptions(Strict):
     head_dim: int = Field(default=16, ge=4, le=512, description="d_model is a multiple of it")
     mlp_ratio: float = Field(default=8 / 3, gt=0, le=16, description="mean MLP width over d_model")
     multiple_of: int = Field(default=8, ge=1, le=1024, description="every MLP width is a multiple of it")
-    d_model: int | None = Field(default=None, ge=4, description="fixed width, for budget.solve_for: mlp")
+    d_model: int | None = Field(default=None, ge=4, le=65_536, description="fixed width, for budget.solve_for: mlp")
     rope_theta: float = Field(default=10_000.0, gt=0)
     tie_embeddings: bool = True
 
@@ -171,13 +176,13 @@ class Space(Strict):
     """The design axes, derived values and constraints of a search."""
 
     include: Union[str, list[str], None] = INCLUDE
-    name: str = "space"
+    name: str = Field(default="space", max_length=NAME_LIMIT)
     axes: Axes
     derived: dict[str, str] = Field(
         default_factory=dict, description="name: expression over axes (dots become underscores: taper_ratio)")
     constraints: list[str] = Field(default_factory=list, description="expressions every point must satisfy")
     model: ModelOptions = ModelOptions()
-    seed: int = Field(default=0, description="seed of sampled axes")
+    seed: Seed = Field(default=0, description="seed of sampled axes")
     _origin: Any = PrivateAttr(default=None)
 
 
@@ -219,21 +224,33 @@ class Budget(Strict):
 
 
 class Execution(Strict):
-    max_parallel: int | Literal["auto"] = Field(default="auto", description="trials at once; auto = CPUs")
-    threads_per_trial: int = Field(default=1, ge=1, description="torch threads inside each trial")
+    max_parallel: Annotated[int, Field(ge=1, le=10_000)] | Literal["auto"] = Field(
+        default="auto", description="trials at once; auto = CPUs")
+    threads_per_trial: int = Field(default=1, ge=1, le=1024, description="torch threads inside each trial")
     retries: int = Field(default=1, ge=0, le=10, description="re-runs of a trial whose worker died")
+
+
+def _file_name(name: Any) -> Any:
+    # Checked before the pattern so the message says what a name may hold, not a regex.
+    if isinstance(name, str) and not (0 < len(name) <= NAME_LIMIT and re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*",
+                                                                                  name)):
+        raise ValueError(f"a study name is 1 to {NAME_LIMIT} letters, digits, _ . - (not starting with . or -), "
+                         f"as it names files; got {name[:40]!r}{'...' if len(name) > 40 else ''}")
+    return name
 
 
 class Study(Strict):
     """A study: a space, a budget ladder, data, a recipe, seeds, execution."""
 
     include: Union[str, list[str], None] = INCLUDE
-    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description="letters, digits, _ . -")
+    name: Annotated[str, BeforeValidator(_file_name)] = Field(
+        pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$", max_length=NAME_LIMIT,
+        description=f"letters, digits, _ . - (not first: . -), at most {NAME_LIMIT}; it names the report file")
     space: Union[str, Space] = Field(description="path to a space file (relative to this file), or inline")
     budget: Budget
     data: Data = TextData()
     recipe: Recipe = Recipe()
-    seeds: list[int] = Field(default=[0], min_length=1)
+    seeds: list[Seed] = Field(default=[0], min_length=1)
     execution: Execution = Execution()
     _origin: Any = PrivateAttr(default=None)
 

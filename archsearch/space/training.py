@@ -17,6 +17,10 @@ DEFAULT_BPE_VOCAB = 8192
 TASK_NAMES = ("mqar", "phop", "mano", "mad_in_context_recall", "mad_fuzzy_recall", "mad_noisy_recall",
               "mad_selective_copying", "mad_compression", "mad_memorization")
 _TOKENS_PER_PARAM = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*x\s*$")
+# A quadrillion tokens is past any run this tool will see; counts are stored as BIGINT.
+MAX_TOKENS = 10**15
+MAX_TOKENS_PER_PARAM = 10_000
+MAX_VOCAB = 1 << 20
 
 
 class Strict(BaseModel):
@@ -56,13 +60,13 @@ class TextData(Strict):
     tokenizer: Literal["byte", "bpe"] = Field(
         default="byte", description="byte: 256 byte values; bpe: byte-level BPE trained on the train split")
     vocab_size: int | None = Field(
-        default=None, ge=260, le=1 << 20, description=f"bpe only; default {DEFAULT_BPE_VOCAB}")
+        default=None, ge=260, le=MAX_VOCAB, description=f"bpe only; default {DEFAULT_BPE_VOCAB}")
     cache_dir: str | None = Field(
         default=None, description="token cache; default $ARCHSEARCH_CACHE or ~/.cache/archsearch "
                                   "(byte-level without it stays in memory)")
     seq_len: int = Field(default=128, ge=2, le=1 << 16)
     val_fraction: float = Field(default=0.1, gt=0, lt=1)
-    max_bytes: int = Field(default=4_000_000, ge=1024, description="read at most this much text")
+    max_bytes: int = Field(default=4_000_000, ge=1024, le=1 << 40, description="read at most this much text")
 
     @model_validator(mode="before")
     @classmethod
@@ -86,8 +90,8 @@ class MqarData(Strict):
 
     kind: Literal["mqar"]
     seq_len: int = Field(default=64, ge=8, le=1 << 16)
-    vocab_size: int = Field(default=256, ge=16)
-    num_pairs: int = Field(default=8, ge=1)
+    vocab_size: int = Field(default=256, ge=16, le=MAX_VOCAB)
+    num_pairs: int = Field(default=8, ge=1, le=MAX_VOCAB)
 
 
 class TaskData(Strict):
@@ -146,11 +150,11 @@ class Recipe(Strict):
     https://arxiv.org/abs/2203.15556).
     """
 
-    steps: int = Field(default=200, ge=1)
+    steps: int = Field(default=200, ge=1, le=10**9)
     tokens: int | str | None = Field(
         default=None, description='training tokens, or "20x" tokens per non-embedding parameter; overrides steps')
-    batch_size: int = Field(default=16, ge=1)
-    grad_accum: int = Field(default=1, ge=1, description="micro-batches per step; divides batch_size")
+    batch_size: int = Field(default=16, ge=1, le=1 << 20)
+    grad_accum: int = Field(default=1, ge=1, le=1 << 20, description="micro-batches per step; divides batch_size")
     lr: Union[Annotated[float, Field(gt=0, le=1)], LrSweep] = Field(
         default=3e-3, description="peak learning rate, or {sweep: [...]}: every arm runs each and keeps its best, "
                                   "so no family wins by being tuned better")
@@ -182,6 +186,10 @@ class Recipe(Strict):
         ratio = tokens_per_param(value) if isinstance(value, str) else value
         if isinstance(ratio, (int, float)) and ratio <= 0:
             raise ValueError(f"tokens must be positive, got {value!r}")
+        if isinstance(value, str) and ratio > MAX_TOKENS_PER_PARAM:
+            raise ValueError(f'tokens per parameter must be at most {MAX_TOKENS_PER_PARAM:,}x, got {value!r}')
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > MAX_TOKENS:
+            raise ValueError(f"tokens must be at most {MAX_TOKENS:.0e}, got {value:.3g}")
         return value
 
     @model_validator(mode="after")
