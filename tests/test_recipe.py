@@ -76,8 +76,9 @@ def test_tokens_per_parameter_sets_the_steps(source):
     assert result.steps == math.ceil(0.1 * params / (8 * 16)) and result.tokens == result.steps * 8 * 16
 
 
-@pytest.mark.parametrize("tokens, ok", [("20x", True), (" 2.5x", True), ("1e6", True), (10**9, True),
-                                        ("20", True), ("x20", False), ("0x", False), (0, False)])
+@pytest.mark.parametrize("tokens, ok", [("20x", True), (" 2.5x", True), (1e6, True), (10**9, True),
+                                        ("20", False), ("1e6", False), ("x20", False), ("0x", False), (0, False),
+                                        (10**16, False), ("20000x", False)])
 def test_token_budgets_are_validated(tokens, ok):
     if ok:
         Recipe(tokens=tokens)

@@ -185,11 +185,24 @@ def _translate(err: ValidationError, model: type[BaseModel], data: dict, origin:
     elif kind == "union_tag_not_found":
         message = "missing 'kind'"
         hint = f"add kind: one of {first.get('ctx', {}).get('expected_tags', '')}"
+    elif kind in ("int_type", "float_type", "bool_type", "int_from_float"):
+        hint = _type_hint(kind, first.get("input"))
     elif kind == "value_error":  # the schema's own checks say what to do in their message
         message = message.removeprefix("Value error, ")
     else:
         hint = "see `archsearch schema` for the expected types"
     return origin.error(message, loc=loc, hint=hint)
+
+
+def _type_hint(kind: str, value: Any) -> str:
+    """What to write instead: numbers and booleans are never converted from text (or each other)."""
+    if isinstance(value, str):
+        return "write true or false without quotes" if kind == "bool_type" else "write the number without quotes"
+    if kind != "bool_type" and isinstance(value, float):
+        return f"write a whole number such as {int(value)}" if value.is_integer() else "write a whole number"
+    if kind == "bool_type":
+        return "write true or false"
+    return "see `archsearch schema` for the expected types"
 
 
 def _clean_loc(error: dict, data: Any) -> tuple[tuple, int]:

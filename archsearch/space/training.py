@@ -24,9 +24,12 @@ MAX_VOCAB = 1 << 20
 
 
 class Strict(BaseModel):
-    """Frozen, and unknown keys are errors rather than silent defaults."""
+    """Frozen; unknown keys are errors rather than silent defaults; and values are
+    not converted between types: ``num_layers: "4"`` (a quoted number) or
+    ``exit_gate: 1`` is refused, so what a file says is what runs. An integer
+    is accepted where a float is asked."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class HubSource(Strict):
@@ -175,12 +178,10 @@ class Recipe(Strict):
     @field_validator("tokens", mode="before")
     @classmethod
     def _tokens(cls, value: Any) -> Any:
-        # YAML reads 1e9 as a string and 1.0e9 as a float: both mean a count.
+        # A count is a number (the study reader takes 1e9 as one); text is only a ratio.
         if isinstance(value, str) and not _TOKENS_PER_PARAM.match(value):
-            try:
-                value = float(value)
-            except ValueError:
-                raise ValueError(f'tokens takes a count or a ratio such as "20x", got {value!r}') from None
+            raise ValueError(f'tokens takes a count (a number, without quotes) or a ratio such as "20x", '
+                             f'got {value!r}')
         if isinstance(value, float) and value.is_integer():
             value = int(value)
         ratio = tokens_per_param(value) if isinstance(value, str) else value
