@@ -82,17 +82,38 @@ def expectations(path: Path) -> tuple[dict[str, str], list[tuple[str, str]]]:
         r"^# make: (\S+) (\S+)$", head, flags=re.M)
 
 
-def _child(args: list[str], send) -> None:
+def _child(target, args: tuple, send) -> None:
     pages = int(Path("/proc/self/statm").read_text().split()[0])
     mapped = pages * resource.getpagesize()
     resource.setrlimit(resource.RLIMIT_AS, (mapped + MEMORY_LIMIT, resource.RLIM_INFINITY))
+    try:
+        send.send(("ok", target(*args)))
+    except BaseException as err:  # noqa: BLE001 - the parent reports whatever escaped
+        send.send(("raised", (type(err).__name__, str(err)[:500])))
+
+
+def in_limits(target, *args):
+    """``target(*args)`` in a forked child limited in time and added memory: ("ok", its value)
+    or ("raised", (exception name, message)); fails the test if the child hangs or dies."""
+    context = multiprocessing.get_context("fork")
+    receive, send = context.Pipe(duplex=False)
+    child = context.Process(target=_child, args=(target, args, send))
+    child.start()
+    send.close()
+    outcome = receive.recv() if receive.poll(TIME_LIMIT_S) else None
+    child.join(1)
+    if child.is_alive():
+        child.kill()
+        child.join()
+    assert outcome is not None, f"{target.__name__}{args} ran past {TIME_LIMIT_S} s or died (exit {child.exitcode})"
+    return outcome
+
+
+def _cli(*args: str) -> tuple[int, str]:
     from tests.test_errors import run_cli
 
-    try:
-        result = run_cli(*args)
-        send.send((result.returncode, result.stderr))
-    except BaseException as err:  # noqa: BLE001 - the parent reports whatever escaped
-        send.send((-1, f"Traceback: {type(err).__name__}: {str(err)[:300]}"))
+    result = run_cli(*args)
+    return result.returncode, result.stderr
 
 
 def run_limited(*args: str) -> tuple[int, str]:
@@ -100,20 +121,8 @@ def run_limited(*args: str) -> tuple[int, str]:
     import archsearch.cli  # noqa: F401  (imported once here; each child inherits it)
     import archsearch.planner  # noqa: F401
 
-    context = multiprocessing.get_context("fork")
-    receive, send = context.Pipe(duplex=False)
-    child = context.Process(target=_child, args=(list(args), send))
-    child.start()
-    send.close()
-    ready = receive.poll(TIME_LIMIT_S)
-    outcome = receive.recv() if ready else None
-    child.join(1)
-    if child.is_alive():
-        child.kill()
-        child.join()
-    assert outcome is not None, f"`archsearch {' '.join(args)}` ran past {TIME_LIMIT_S} s or died " \
-                                f"(exit {child.exitcode})"
-    return outcome
+    status, value = in_limits(_cli, *args)
+    return value if status == "ok" else (-1, "Traceback: {}: {}".format(*value))
 
 
 def assert_one_clean_line(code: int, stderr: str, *, expect: str, name: str, field: str | None = None,
@@ -158,3 +167,18 @@ def test_the_study_path_itself_may_be_hostile(kind, tmp_path):
     code, stderr = run_limited("plan", str(study))
     assert_one_clean_line(code, stderr, expect=expect, name=study.name if kind != "fanout" else ".yaml:",
                           line_number=False)
+
+
+def test_unquoted_exponents_are_numbers(tmp_path):
+    """YAML 1.1 reads 3e-3 and 1e9 as text; a study means numbers, so they load as numbers
+    while the same values in quotes are refused (the corpus's quoted_* cases)."""
+    import archsearch as A
+
+    study = tmp_path / "study.yaml"
+    study.write_text("name: exponents\nspace:\n  axes:\n    num_layers: 2\n    taper:\n      ratio: 2e0\n"
+                     "budget:\n  targets: [2e4, 30_000]\n  tolerance: 5e-2\n"
+                     "recipe:\n  lr: 3e-3\n  tokens: 1e9\n")
+    loaded = A.load_study(study)
+    assert loaded.recipe.lr == 0.003 and loaded.recipe.tokens == 10**9
+    assert loaded.budget.target_list() == [20000.0, 30000.0] and loaded.budget.tolerance == 0.05
+    assert loaded.space.axes.taper.ratio.values == [2.0]
