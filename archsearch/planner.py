@@ -23,7 +23,7 @@ from archsearch.budget import (
     solve,
     state_size,
 )
-from archsearch.data import vocab_size_of
+from archsearch.data import seq_len_of, vocab_size_of
 from archsearch.errors import SpecError
 from archsearch.space.expand import check_trial_count, expand
 from archsearch.space.schema import Study
@@ -73,7 +73,7 @@ def plan(study: Study) -> list[PlannedTrial]:
     vocab = vocab_size_of(study.data.model_dump())
     recipes = _recipes(study.recipe.model_dump())
     data = study.data.model_dump()
-    seq_len = study.data.seq_len
+    seq_len = seq_len_of(data)
     measure = _measure(budget.match, seq_len=seq_len, embeddings=budget.count_embeddings)
     trials, seen = [], set()
 

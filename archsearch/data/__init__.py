@@ -71,6 +71,20 @@ def vocab_size_of(data: dict) -> int:
     raise ValueError(f"unknown data kind {kind!r}")
 
 
+def seq_len_of(data: dict) -> int:
+    """The sequence length a dumped data config trains on, without reading or drawing any data.
+
+    A task's comes from its class, the one place that knows its default (Mano
+    derives it from max_ops); a mix's is its longest source's.
+    """
+    kind = data["kind"]
+    if kind == "task":
+        return task_source(data).seq_len
+    if kind == "mix":
+        return max(seq_len_of(part["source"]) for part in data["sources"])
+    return data["seq_len"]
+
+
 def _mix_labels(data: dict) -> list[str]:
     labels = []
     for index, part in enumerate(data["sources"]):
@@ -80,4 +94,4 @@ def _mix_labels(data: dict) -> list[str]:
     return labels
 
 
-__all__ = ["IGNORE", "Batch", "Source", "make_source", "task_source", "vocab_size_of"]
+__all__ = ["IGNORE", "Batch", "Source", "make_source", "seq_len_of", "task_source", "vocab_size_of"]

@@ -1,8 +1,10 @@
 """The data and training-recipe sections of a study file.
 
 Kept apart from the space and budget schema because the training loop reads
-them directly (as dumped dicts). Torch-free: the synthetic task names are
-listed here and a test keeps them equal to ``archsearch.data.synthetic.TASKS``.
+them directly (as dumped dicts). Torch-free, and it imports nothing of
+``archsearch.data``: the synthetic task names are listed here and a test keeps
+them equal to ``archsearch.data.synthetic.TASKS``; what only a task class knows
+(its vocabulary, its sequence length) the planner asks ``archsearch.data``.
 """
 
 from __future__ import annotations
@@ -104,14 +106,6 @@ class TaskData(Strict):
     name: Literal[TASK_NAMES] = Field(description=", ".join(TASK_NAMES))
     params: dict[str, Any] = Field(default_factory=dict, description="the task's own fields (seq_len, ...)")
 
-    @property
-    def seq_len(self) -> int:
-        """The task's sequence length. Reads the task class, the one place that knows its default
-        (Mano derives it from max_ops), so it imports torch: the planner calls it, the schema never."""
-        from archsearch.data import task_source
-
-        return task_source(self.model_dump()).seq_len
-
 
 Part = Annotated[Union[TextData, MqarData, TaskData], Field(discriminator="kind")]
 
@@ -128,10 +122,6 @@ class MixData(Strict):
 
     kind: Literal["mix"]
     sources: list[MixPart] = Field(min_length=1)
-
-    @property
-    def seq_len(self) -> int:
-        return max(part.source.seq_len for part in self.sources)
 
 
 Data = Annotated[Union[TextData, MqarData, TaskData, MixData], Field(discriminator="kind")]
