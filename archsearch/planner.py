@@ -70,10 +70,9 @@ def plan(study: Study) -> list[PlannedTrial]:
     check_trial_count(study)
     points = expand(space)
     check_trial_count(study, points)
-    vocab = vocab_size_of(study.data.model_dump())
     recipes = _recipes(study.recipe.model_dump())
     data = study.data.model_dump()
-    seq_len = seq_len_of(data)
+    vocab, seq_len = _data_sizes(study, data)
     measure = _measure(budget.match, seq_len=seq_len, embeddings=budget.count_embeddings)
     trials, seen = [], set()
 
@@ -104,6 +103,17 @@ def plan(study: Study) -> list[PlannedTrial]:
                 for seed in study.seeds:
                     add(axes, seed, match, arm_target, achieved, spec)
     return trials
+
+
+def _data_sizes(study: Study, data: dict) -> tuple[int, int]:
+    """Vocabulary and sequence length, from archsearch.data (a task's class knows them); its
+    errors name a field but no file, so they get the study's file and line here."""
+    try:
+        return vocab_size_of(data), seq_len_of(data)
+    except SpecError as err:
+        if err.path is not None or err.field is None or study._origin is None:
+            raise
+        raise study._origin.error(err.message, loc=tuple(err.field.split(".")), hint=err.hint) from None
 
 
 def _recipes(recipe: dict) -> list[dict]:
