@@ -182,3 +182,13 @@ def test_unquoted_exponents_are_numbers(tmp_path):
     assert loaded.recipe.lr == 0.003 and loaded.recipe.tokens == 10**9
     assert loaded.budget.target_list() == [20000.0, 30000.0] and loaded.budget.tolerance == 0.05
     assert loaded.space.axes.taper.ratio.values == [2.0]
+
+
+def test_the_docs_state_the_limits_the_code_holds():
+    from archsearch.space import _yaml, expand, load
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "spaces.md").read_text()
+    section = text[text.index("## Limits"):text.index("## Budgets")]
+    for value in (_yaml.MAX_FILE_BYTES, _yaml.MAX_DEPTH, _yaml.MAX_VALUES, load.MAX_INCLUDE_DEPTH,
+                  load.MAX_INCLUDE_READS, expand.MAX_POINTS, expand.MAX_TRIALS):
+        assert f"{value:,}" in section, f"docs/spaces.md Limits does not give {value:,}"
