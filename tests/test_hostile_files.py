@@ -192,3 +192,9 @@ def test_the_docs_state_the_limits_the_code_holds():
     for value in (_yaml.MAX_FILE_BYTES, _yaml.MAX_DEPTH, _yaml.MAX_VALUES, load.MAX_INCLUDE_DEPTH,
                   load.MAX_INCLUDE_READS, expand.MAX_POINTS, expand.MAX_TRIALS):
         assert f"{value:,}" in section, f"docs/spaces.md Limits does not give {value:,}"
+
+
+def test_the_memory_limit_bites():
+    """The harness itself: a case that takes 2 GB fails inside the child instead of succeeding."""
+    status, value = in_limits(bytearray, 2 << 30)
+    assert (status, value[0]) == ("raised", "MemoryError")
