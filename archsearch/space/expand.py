@@ -178,10 +178,11 @@ def _resolve(space: Space, point: dict, axes: dict[str, Axis], compiled: dict) -
 
 def _check_placement(space: Space, point: dict) -> None:
     """A memory placed after a layer the point does not have is the user's mistake, not a build error."""
-    if point["family"] != "memory" or point["memory.placement"] < point["num_layers"]:
+    placement = point.get("memory.placement")
+    if point["family"] != "memory" or placement is None or placement < point["num_layers"]:
         return
     raise _origin_error(space, ("axes", "memory", "placement"),
-                        f"memory placement {point['memory.placement']} is past the top layer "
+                        f"memory placement {placement} is past the top layer "
                         f"(num_layers={point['num_layers']} has layers 0..{point['num_layers'] - 1})",
                         "lower it, or add a constraint: 'memory_placement < num_layers'")
 

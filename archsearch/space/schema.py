@@ -126,10 +126,10 @@ class HybridAxes(Strict):
 class MemoryAxes(Strict):
     placement: axis(Annotated[int, Field(ge=0)]) = Field(
         default=0, validate_default=True, description="the memory sits after this layer index")
-    slots: axis(Annotated[int, Field(ge=1, le=4096)]) = fixed(8)
-    width: axis(Annotated[int, Field(ge=0, le=65_536)]) = Field(default=0, validate_default=True,
+    slots: axis(PositiveInt) = fixed(8)
+    width: axis(Annotated[int, Field(ge=0)]) = Field(default=0, validate_default=True,
                                      description="memory slot width; 0 = d_model")
-    segment: axis(Annotated[int, Field(ge=1, le=65_536)]) = fixed(32)
+    segment: axis(PositiveInt) = fixed(32)
 
 
 class GpnAxes(Strict):
