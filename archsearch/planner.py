@@ -66,10 +66,16 @@ def plan(study: Study) -> list[PlannedTrial]:
     Raises ``SpecError`` (pointing at the budget target) when a target cannot
     be reached.
     """
-    space, budget = study.space, study.budget
-    check_trial_count(study)
-    points = expand(space)
+    check_trial_count(study)  # targets x seeds x learning rates, before the space is expanded
+    return plan_points(study, expand(study.space))
+
+
+def plan_points(study: Study, points: list[dict[str, Any]]) -> list[PlannedTrial]:
+    """The trials of given resolved points (``expand`` or a sampler's
+    proposals): each point at every budget target and seed. Refuses more
+    than ``MAX_TRIALS`` of them before any is solved."""
     check_trial_count(study, points)
+    space, budget = study.space, study.budget
     recipes = _recipes(study.recipe.model_dump())
     data = study.data.model_dump()
     vocab, seq_len = _data_sizes(study, data)
@@ -178,4 +184,4 @@ def _budget_error(study: Study, index: int, point: dict, err: BudgetError) -> Sp
     return origin.error(message, loc=loc, hint=err.hint)
 
 
-__all__ = ["PlannedTrial", "plan", "trial_id", "__version__"]
+__all__ = ["PlannedTrial", "plan", "plan_points", "trial_id", "__version__"]
