@@ -26,9 +26,9 @@ from archsearch.budget import (
     solve,
     state_size,
 )
-from archsearch.data import vocab_size_of
+from archsearch.data import seq_len_of, vocab_size_of
 from archsearch.errors import SpecError
-from archsearch.space.expand import expand
+from archsearch.space.expand import check_trial_count, expand
 from archsearch.space.schema import Study
 
 
@@ -72,17 +72,19 @@ def plan(study: Study) -> list[PlannedTrial]:
     when a target cannot be reached: every trial's exact measure is within
     ``budget.tolerance`` of its target, or the plan is refused.
     """
+    check_trial_count(study)  # targets x seeds x learning rates, before the space is expanded
     return plan_points(study, expand(study.space))
 
 
 def plan_points(study: Study, points: list[dict[str, Any]]) -> list[PlannedTrial]:
     """The trials of given resolved points (``expand`` or a sampler's
-    proposals): each point at every budget target and seed."""
+    proposals): each point at every budget target and seed. Refuses more
+    than ``MAX_TRIALS`` of them before any is solved."""
+    check_trial_count(study, points)
     space, budget = study.space, study.budget
-    vocab = vocab_size_of(study.data.model_dump())
     recipes = _recipes(study.recipe.model_dump())
     data = study.data.model_dump()
-    seq_len = study.data.seq_len
+    vocab, seq_len = _data_sizes(study, data)
     measure = _measure(budget.match, seq_len=seq_len, embeddings=budget.count_embeddings)
     trials, seen = [], set()
 
@@ -153,6 +155,17 @@ def _solver(study: Study, point: dict):
         return solve(**{**settings, **kwargs})
 
     return solver
+
+
+def _data_sizes(study: Study, data: dict) -> tuple[int, int]:
+    """Vocabulary and sequence length, from archsearch.data (a task's class knows them); its
+    errors name a field but no file, so they get the study's file and line here."""
+    try:
+        return vocab_size_of(data), seq_len_of(data)
+    except SpecError as err:
+        if err.path is not None or err.field is None or study._origin is None:
+            raise
+        raise study._origin.error(err.message, loc=tuple(err.field.split(".")), hint=err.hint) from None
 
 
 def _recipes(recipe: dict) -> list[dict]:

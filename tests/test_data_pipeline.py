@@ -13,7 +13,7 @@ import pytest
 import torch
 import yaml
 
-from archsearch.data import make_source, task_source, vocab_size_of
+from archsearch.data import make_source, seq_len_of, task_source, vocab_size_of
 from archsearch.data import text as text_module
 from archsearch.data import vocab_size_of as vocab_size
 from archsearch.data.documents import file_documents, is_validation
@@ -240,6 +240,6 @@ def test_a_study_can_plan_a_task(tiny_study):
     study["data"] = {"kind": "task", "name": "mano", "params": {"max_ops": 6}}
     tiny_study.write_text(yaml.safe_dump(study))
     loaded = load_study(tiny_study)
-    assert loaded.data.seq_len == 2 * 6 + 4
+    assert seq_len_of(loaded.data.model_dump()) == 2 * 6 + 4
     trials = plan(loaded)
     assert trials and all(t.spec.vocab_size == TASKS["mano"](max_ops=6).vocab_size for t in trials)

@@ -102,3 +102,16 @@ def test_help_does_not_import_torch_or_ray():
             "r = CliRunner().invoke(app, ['--help']); assert r.exit_code == 0, r.output;"
             "sys.exit(bool({'torch', 'ray', 'duckdb'} & set(sys.modules)))")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_space_imports_nothing_of_data():
+    """The schema lists task names itself; what only a task class knows (vocabulary,
+    sequence length) the planner asks archsearch.data, so the arrow runs one way.
+    Function-level imports count too: they are the ones that made the cycle."""
+    for path in (ROOT / "archsearch/space").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            modules = [alias.name for alias in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else []
+            for module in modules:
+                assert not (module == "archsearch.data" or module.startswith("archsearch.data.")), \
+                    f"{path.relative_to(ROOT)} imports {module}"

@@ -77,17 +77,20 @@ def test_tokens_per_parameter_sets_the_steps(source):
 
 
 # (written, tokens trained for a model of 1000 non-embedding parameters), or None where refused
-TOKEN_BUDGETS = [("20x", 20_000), (" 2.5x", 2_500), ("1e6", 1_000_000), (1.0e9, 10**9), (10**9, 10**9),
-                 ("20", 20), ("x20", None), ("0x", None), (0, None)]
+TOKEN_BUDGETS = [("20x", 20_000), (" 2.5x", 2_500), (1e6, 1_000_000), (1.0e9, 10**9), (10**9, 10**9),
+                 ("20", None), ("1e6", None), ("x20", None), ("0x", None), (0, None), (10**16, None),
+                 ("20000x", None)]
 
 
 @pytest.mark.parametrize("tokens, trained", TOKEN_BUDGETS, ids=[repr(t) for t, _ in TOKEN_BUDGETS])
 def test_token_budgets_are_validated(tokens, trained):
-    """A ratio ("20x", " 2.5x") is tokens per parameter, anything else a count:
-    "1e6" (how YAML reads 1e6) is a million tokens and "20" is twenty, not 20x.
-    Checked through the steps a batch of 10 x 10 tokens gives, at 1000 parameters.
-    Fails on the mutation that makes the "x" of _TOKENS_PER_PARAM optional
-    (``\\s*x\\s*$`` -> ``\\s*x?\\s*$``): "20" then reads as 20x, 200 steps, not 1."""
+    """A ratio ("20x", " 2.5x") is tokens per parameter, a number a count (1e6
+    is a million tokens: the reader takes YAML 1.2 numbers); any other text,
+    "20" or a quoted "1e6", is refused as a quoted number, and so are budgets
+    past 1e15 tokens or 10,000x. Checked through the steps a batch of 10 x 10
+    tokens gives, at 1000 parameters. Fails on the mutation that makes the "x"
+    of _TOKENS_PER_PARAM optional (``\\s*x\\s*$`` -> ``\\s*x?\\s*$``): "20"
+    then reads as 20x and is accepted."""
     if trained is None:
         with pytest.raises(ValidationError, match="tokens"):
             Recipe(tokens=tokens)

@@ -124,3 +124,95 @@ def test_near_valid_studies_either_plan_or_fail_cleanly(tmp_path):
     one()
     assert len(outcomes) == 150
     assert 0.25 <= sum(outcomes) / len(outcomes) <= 0.9, f"{sum(outcomes)} of {len(outcomes)} planned"
+
+
+# The hostile shapes of tests/hostile/, drawn: deep nesting, quoted and huge
+# numbers, include graphs. Each either loads or fails as one SpecError.
+
+NESTERS = {"list": ("[", "]"), "map": ("{a: ", "}"), "block": None}
+
+
+def nested_text(kind: str, depth: int) -> str:
+    if kind == "block":  # indented block mappings, one level a line
+        return "".join(f"{'  ' * i}k{i}:\n" for i in range(depth)) + "  " * depth + "v: 1\n"
+    opener, closer = NESTERS[kind]
+    return "name: deep\nspace: " + opener * depth + "1" + closer * depth + "\n"
+
+
+@settings(SETTINGS, max_examples=40)
+@given(kind=st.sampled_from(sorted(NESTERS)), depth=st.integers(1, 20_000))
+def test_nesting_of_any_depth_is_read_or_refused_cleanly(tmp_path, kind, depth):
+    from archsearch.space._yaml import MAX_DEPTH
+
+    depth = depth if kind != "block" else depth % 800  # indentation grows the file with the square of depth
+    path = tmp_path / "study.yaml"
+    path.write_text(nested_text(kind, depth))
+    try:
+        A.load_study(path)
+    except A.SpecError as err:
+        if depth + 1 > MAX_DEPTH:
+            assert "nest deeper than" in str(err) or "indentation" in str(err) or "larger than" in str(err)
+
+
+NUMERIC_FIELDS = {  # dotted path in a study -> a valid value
+    ("space", "axes", "num_layers"): 2, ("space", "axes", "loops"): 2, ("recipe", "steps"): 10,
+    ("recipe", "batch_size"): 4, ("recipe", "lr"): 0.003, ("recipe", "warmup_steps"): 1,
+    ("budget", "tolerance"): 0.05, ("execution", "threads_per_trial"): 1, ("execution", "retries"): 1,
+    ("space", "model", "head_dim"): 8, ("space", "axes", "taper", "ratio"): 2.0, ("data", "seq_len"): 16,
+}
+
+
+def study_with(at: tuple, value) -> dict:
+    tree = {"name": "p", "space": {"axes": {"num_layers": 2}}, "budget": {"targets": [5e4], "tolerance": 0.05},
+            "data": {"kind": "text"}}
+    node = tree
+    for part in at[:-1]:
+        node = node.setdefault(part, {})
+    node[at[-1]] = value
+    return tree
+
+
+@SETTINGS
+@given(at=st.sampled_from(sorted(NUMERIC_FIELDS)))
+def test_a_quoted_number_is_refused_in_every_numeric_field(tmp_path, at):
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(study_with(at, NUMERIC_FIELDS[at])))
+    A.load_study(path)  # the unquoted value loads
+    path.write_text(yaml.safe_dump(study_with(at, str(NUMERIC_FIELDS[at]))))
+    try:
+        A.load_study(path)
+    except A.SpecError as err:
+        assert "without quotes" in str(err) and ".".join(at) in str(err), err
+    else:
+        raise AssertionError(f"{'.'.join(at)}: a quoted number was accepted")
+
+
+@SETTINGS
+@given(at=st.sampled_from(sorted(NUMERIC_FIELDS) + [("seeds",), ("budget", "targets")]),
+       value=st.one_of(st.integers(-10**30, 10**30), st.floats(allow_nan=True)))
+def test_any_number_anywhere_loads_within_limits_or_fails_cleanly(tmp_path, at, value):
+    path = tmp_path / "study.yaml"
+    written = [value] if at in (("seeds",), ("budget", "targets")) else value
+    path.write_text(yaml.safe_dump(study_with(at, written)))
+    try:
+        study = A.load_study(path)
+    except A.SpecError:
+        return
+    # what loads fits what stores and workers take: INTEGER seeds, a bounded recipe
+    assert all(0 <= seed < 2**31 for seed in study.seeds)
+    assert study.recipe.steps <= 10**9 and study.execution.threads_per_trial <= 1024
+
+
+@settings(SETTINGS, max_examples=60)
+@given(edges=st.lists(st.lists(st.integers(0, 5), max_size=6), min_size=6, max_size=6))
+def test_any_include_graph_loads_or_fails_cleanly(tmp_path, edges):
+    """Six files including each other at random: cycles, diamonds, fan-outs, self-includes."""
+    for index, targets in enumerate(edges):
+        lines = [f"include: [{', '.join(f'f{t}.yaml' for t in targets)}]"] if targets else []
+        (tmp_path / f"f{index}.yaml").write_text("\n".join(lines + [f"k{index}: 1", ""]))
+    (tmp_path / "study.yaml").write_text("include: f0.yaml\nname: p\nspace:\n  axes:\n    num_layers: 2\n"
+                                         "budget:\n  targets: [5e4]\n")
+    try:
+        A.load_study(tmp_path / "study.yaml")
+    except A.SpecError:
+        pass

@@ -8,7 +8,10 @@ row's ``id_field``), for a hub corpus the dataset and row (or ``id_field``).
 Formats by suffix: ``.jsonl`` / ``.ndjson`` (one JSON object a line),
 ``.parquet``; every other file is one document of text, and binary files
 (holding NUL bytes) are skipped. Text is decoded with ``surrogateescape`` so
-that byte-level tokens are the file's exact bytes.
+that byte-level tokens are the file's exact bytes. Only regular files are
+read (a pipe or a device named in ``data.paths`` is an error), and never more
+than ``max_bytes`` of one file or one jsonl line, whatever its size on disk.
+Every error names the file.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from archsearch.errors import SpecError
+from archsearch.files import FileKindError, kind_problem, read_head
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
 PARQUET_SUFFIXES = (".parquet",)
@@ -50,21 +54,31 @@ def text_files(paths: list[str]) -> list[Path]:
         elif path.is_file():
             out.append(path)
         else:
-            raise SpecError(f"text path '{raw}' does not exist", field="data.paths", hint="check the path")
+            raise SpecError(f"text path {kind_problem(path) or 'is not a regular file'}", path=raw,
+                            field="data.paths", hint="name text files, or folders of them")
     return out
 
 
-def file_documents(files: Iterable[Path], *, text_field: str = "text",
-                   id_field: str | None = None) -> Iterator[Document]:
-    """Every document of ``files`` in order: one per text file, one per jsonl line or parquet row."""
+def file_documents(files: Iterable[Path], *, text_field: str = "text", id_field: str | None = None,
+                   max_bytes: int | None = None) -> Iterator[Document]:
+    """Every document of ``files`` in order: one per text file, one per jsonl line or parquet row.
+
+    A text file is read only up to ``max_bytes`` (default: all of it), and a
+    file is opened only when the reader asks for its documents, so a reader
+    that stops at ``max_bytes`` never touches the rest.
+    """
     for path in files:
         suffix = path.suffix.lower()
         if suffix in JSONL_SUFFIXES:
-            yield from _jsonl_documents(path, text_field, id_field)
+            yield from _jsonl_documents(path, text_field, id_field, max_bytes)
         elif suffix in PARQUET_SUFFIXES:
             yield from _parquet_documents(path, text_field, id_field)
         else:
-            data = path.read_bytes()
+            try:
+                data = read_head(path, -1 if max_bytes is None else max_bytes)
+            except FileKindError as err:
+                raise SpecError(f"text file {err}", path=str(path), field="data.paths",
+                                hint="name regular text files") from None
             if b"\x00" not in data:  # binary files are not text
                 yield Document(str(path), data.decode("utf-8", "surrogateescape"))
 
@@ -119,18 +133,24 @@ def split_documents(documents: Iterable[Document], *, val_fraction: float,
     return splits
 
 
-def _jsonl_documents(path: Path, text_field: str, id_field: str | None) -> Iterator[Document]:
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, start=1):
+def _jsonl_documents(path: Path, text_field: str, id_field: str | None,
+                     max_bytes: int | None) -> Iterator[Document]:
+    limit = -1 if max_bytes is None else max_bytes + 1
+    with path.open(encoding="utf-8", errors="surrogateescape") as lines:
+        # readline with a limit: one endless line costs max_bytes, not the file
+        for number, line in enumerate(iter(lambda: lines.readline(limit), ""), start=1):
             if not line.strip():
                 continue
+            if max_bytes is not None and len(line) > max_bytes:
+                raise SpecError(f"line longer than data.max_bytes ({max_bytes:,})", path=str(path), line=number,
+                                field="data.paths", hint="jsonl holds one JSON object a line")
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as err:
-                raise SpecError(f"{path}:{number}: not JSON ({err.msg})", field="data.paths",
+                raise SpecError(f"not JSON ({err.msg})", path=str(path), line=number, field="data.paths",
                                 hint="jsonl holds one JSON object a line") from None
             if not isinstance(row, dict) or text_field not in row:
-                raise SpecError(f"{path}:{number}: no field '{text_field}'", field="data.text_field",
+                raise SpecError(f"no field '{text_field}'", path=str(path), line=number, field="data.text_field",
                                 hint="name the field that holds the text")
             yield Document(_row_name(str(path), number, row, id_field), row[text_field])
 
@@ -141,7 +161,7 @@ def _parquet_documents(path: Path, text_field: str, id_field: str | None) -> Ite
     table = pq.ParquetFile(path)
     names = table.schema_arrow.names
     if text_field not in names:
-        raise SpecError(f"{path} has no column '{text_field}' (columns: {', '.join(names)})",
+        raise SpecError(f"no column '{text_field}' (columns: {', '.join(names)})", path=str(path),
                         field="data.text_field", hint="name the text column")
     columns = [text_field] + ([id_field] if id_field and id_field != text_field else [])
     index = 0

@@ -37,18 +37,21 @@ class TokenCorpus:
     """A Source over token streams: random windows of ``seq_len + 1`` tokens.
 
     ``splits`` maps "train" and "val" to 1-d token arrays (tensors, numpy
-    arrays or memory maps); ``tokenizer`` turns ids back into text.
+    arrays or memory maps); ``tokenizer`` turns ids back into text; ``label``
+    names the corpus (its files) in errors.
     """
 
-    def __init__(self, *, splits: dict, seq_len: int, vocab_size: int, tokenizer=None):
+    def __init__(self, *, splits: dict, seq_len: int, vocab_size: int, tokenizer=None, label: str = "the corpus"):
         self.seq_len = seq_len
         self.vocab_size = vocab_size
         self.tokenizer = tokenizer
         self.splits = splits
         for split, tokens in splits.items():
             if len(tokens) <= seq_len + 1:
-                raise SpecError(f"the {split} split has {len(tokens)} tokens, fewer than seq_len + 2",
-                                field="data", hint="add more text, or lower data.seq_len or data.val_fraction")
+                raise SpecError(f"the {split} split of {label} has {len(tokens)} tokens, fewer than seq_len + 2 "
+                                f"= {seq_len + 2}", field="data",
+                                hint="add more text (files holding NUL bytes are skipped as binary), "
+                                     "or lower data.seq_len or data.val_fraction")
 
     def batch(self, *, split: str, batch_size: int, generator: torch.Generator) -> Batch:
         tokens = self.splits[split]
@@ -91,15 +94,18 @@ class ByteCorpus(TokenCorpus):
     def __init__(self, *, paths: list[str] | None = None, seq_len: int = 128,
                  val_fraction: float = 0.1, max_bytes: int = 4_000_000):
         files = stdlib_files() if paths is None else text_files(paths)
-        super().__init__(splits=_byte_splits(file_documents(files), val_fraction=val_fraction, max_bytes=max_bytes),
-                         seq_len=seq_len, vocab_size=BYTE_VOCAB, tokenizer=ByteTokenizer())
+        splits = _byte_splits(file_documents(files, max_bytes=max_bytes), val_fraction=val_fraction,
+                              max_bytes=max_bytes)
+        super().__init__(splits=splits, seq_len=seq_len, vocab_size=BYTE_VOCAB, tokenizer=ByteTokenizer(),
+                         label=corpus_label({"paths": paths}))
 
 
 def open_text(data: dict) -> TokenCorpus:
     """The Source a dumped ``TextData`` describes: byte-level in memory, or cached tokens."""
     if data.get("tokenizer", "byte") == "byte" and data.get("cache_dir") is None and data.get("hub") is None:
         splits = _byte_splits(documents(data), val_fraction=data["val_fraction"], max_bytes=data["max_bytes"])
-        return TokenCorpus(splits=splits, seq_len=data["seq_len"], vocab_size=BYTE_VOCAB, tokenizer=ByteTokenizer())
+        return TokenCorpus(splits=splits, seq_len=data["seq_len"], vocab_size=BYTE_VOCAB, tokenizer=ByteTokenizer(),
+                           label=corpus_label(data))
     folder = cache.load_or_build(cache.cache_root(data.get("cache_dir")), cache.cache_key(corpus_identity(data)),
                                  lambda tmp: _build(data, tmp))
     splits = {split: cache.read_tokens(folder, split) for split in cache.SPLITS}
@@ -108,7 +114,19 @@ def open_text(data: dict) -> TokenCorpus:
         tokenizer = BpeTokenizer.load(folder / "tokenizer.json", vocab_size=vocab_size)
     else:
         tokenizer, vocab_size = ByteTokenizer(), BYTE_VOCAB
-    return TokenCorpus(splits=splits, seq_len=data["seq_len"], vocab_size=vocab_size, tokenizer=tokenizer)
+    return TokenCorpus(splits=splits, seq_len=data["seq_len"], vocab_size=vocab_size, tokenizer=tokenizer,
+                       label=corpus_label(data))
+
+
+def corpus_label(data: dict) -> str:
+    """The corpus of a dumped ``TextData`` in words, for errors: its paths, hub dataset, or the stdlib."""
+    if data.get("hub") is not None:
+        return f"hub dataset '{data['hub']['name']}'"
+    paths = data.get("paths")
+    if paths is None:
+        return "the Python standard library's source"
+    shown = ", ".join(f"'{p}'" for p in paths[:3])
+    return shown + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
 
 
 def corpus_identity(data: dict) -> dict:
@@ -137,7 +155,7 @@ def documents(data: dict) -> Iterator[Document]:
                              data_files=hub.get("data_files"), revision=hub.get("revision"),
                              streaming=hub.get("streaming", True), **common)
     files = stdlib_files() if data.get("paths") is None else text_files(data["paths"])
-    return file_documents(files, **common)
+    return file_documents(files, max_bytes=data.get("max_bytes"), **common)
 
 
 def _byte_splits(docs: Iterable[Document], *, val_fraction: float, max_bytes: int) -> dict[str, torch.Tensor]:

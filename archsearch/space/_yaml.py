@@ -3,22 +3,28 @@
 Errors must name the file and line of the offending field, so the loader walks
 the composed node tree itself and records the line of every key and list item
 by its path (a tuple of keys and indices). It also refuses what PyYAML accepts
-silently but a study file should never contain: duplicate keys, and aliases
-that expand into more values than any real study has (alias bombs).
+silently but a study file should never contain: duplicate keys, aliases
+that expand into more values than any real study has (alias bombs), nesting
+deeper than any real study has, and anything but a regular file (a device or
+a named pipe is never read).
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from archsearch.errors import SpecError
+from archsearch.files import FileKindError, read_head
 
 MAX_FILE_BYTES = 1_000_000
 # A real study has a few hundred values; an alias bomb expands to billions.
 MAX_VALUES = 100_000
+# A real study nests keys and lists a few levels deep; PyYAML recurses per level.
+MAX_DEPTH = 50
 
 Lines = dict[tuple, int]
 
@@ -28,7 +34,7 @@ def read_yaml(path: str | Path) -> tuple[Any, Lines]:
     path = Path(path)
     text = _read_text(path)
     try:
-        loader = yaml.SafeLoader(text)
+        loader = _Loader(text, str(path))
     except yaml.YAMLError as err:  # the reader refuses control characters up front
         raise SpecError(f"not YAML text: {str(err).splitlines()[0]}", path=str(path),
                         hint="remove control characters; save the file as plain UTF-8 text") from None
@@ -57,21 +63,54 @@ def read_yaml(path: str | Path) -> tuple[Any, Lines]:
 
 
 def _read_text(path: Path) -> str:
-    if not path.exists():
-        raise SpecError("no such file", path=str(path), hint="check the path")
-    if path.is_dir():
-        raise SpecError("is a directory, not a YAML file", path=str(path),
-                        hint="pass the .yaml file inside it")
-    if path.stat().st_size > MAX_FILE_BYTES:
-        raise SpecError(f"file is larger than {MAX_FILE_BYTES} bytes", path=str(path),
+    try:
+        data = read_head(path, MAX_FILE_BYTES + 1)
+    except FileKindError as err:
+        hint = "pass the .yaml file inside it" if "directory" in str(err) else "pass a .yaml file"
+        raise SpecError(f"{err}, not a YAML file", path=str(path), hint=hint) from None
+    if len(data) > MAX_FILE_BYTES:
+        raise SpecError(f"file is larger than {MAX_FILE_BYTES:,} bytes", path=str(path),
                         hint="a study or space file is a short YAML document")
-    data = path.read_bytes()
     if b"\x00" in data:
         raise SpecError("is a binary file, not YAML", path=str(path), hint="pass a .yaml file")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
         raise SpecError("is not UTF-8 text", path=str(path), hint="save the file as UTF-8") from None
+
+
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing nesting deeper than ``MAX_DEPTH`` while it composes.
+
+    PyYAML composes recursively, so 100,000 nested ``[`` would end in a
+    RecursionError; the depth is counted here and the file refused at the
+    first level too deep.
+    """
+
+    def __init__(self, stream: str, path: str):
+        super().__init__(stream)
+        self.path = path
+        self.depth = 0
+
+    def compose_node(self, parent, index):
+        self.depth += 1
+        try:
+            if self.depth > MAX_DEPTH:
+                mark = self.peek_event().start_mark
+                raise SpecError(f"values nest deeper than {MAX_DEPTH} levels", path=self.path,
+                                line=mark.line + 1, hint="a study nests a few levels of keys and lists; flatten it")
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+
+# YAML 1.1 reads 1e9 and 3e-4 (no dot, or no exponent sign) as text; a study
+# means numbers, as YAML 1.2 does, so those resolve as floats too. With that,
+# a quoted number ("4") is text and the schema can refuse it.
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."))
 
 
 class _Walker:

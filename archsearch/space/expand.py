@@ -17,9 +17,12 @@ from pydantic import TypeAdapter, ValidationError
 
 from archsearch.errors import SpecError
 from archsearch.space.expr import Expr, ExprError, order_derived, parse
-from archsearch.space.schema import FAMILY_AXES, Axes, Axis, Space
+from archsearch.space.schema import FAMILY_AXES, Axes, Axis, Space, Study
 
 MAX_POINTS = 100_000
+# Trials one study may plan (points x targets x seeds x learning rates x arms):
+# counted before any is solved, so a study that could never run fails in a second.
+MAX_TRIALS = 10_000
 
 
 def expression_name(axis_name: str) -> str:
@@ -114,6 +117,36 @@ def resolve_point(space: Space, raw: dict[str, Any], compiled: dict | None = Non
     return _resolve(space, point, axes, compiled)
 
 
+def check_trial_count(study: Study, points: list[dict] | None = None) -> None:
+    """Refuse a study that would plan more than ``MAX_TRIALS`` trials, before any is solved.
+
+    Without ``points`` only the factors every point shares are counted
+    (targets x seeds x learning rates), so a ladder of 1,000 targets times
+    20,000 seeds fails before the space is even expanded; with them, the exact
+    count (a looped point under a protocol is two arms).
+    """
+    recipe_lr = study.recipe.lr
+    factors = {("budget", "targets"): (len(study.budget.target_list()), "target"),
+               ("seeds",): (len(study.seeds), "seed"),
+               ("recipe", "lr"): (1 if isinstance(recipe_lr, float) else len(recipe_lr.sweep), "learning rate")}
+    if points is not None:
+        # a protocol pairs looped and hrm points with a baseline arm (planner.PAIRED)
+        arms = sum(2 if study.budget.protocol != "none" and p["family"] in ("looped", "hrm") else 1 for p in points)
+        factors = {("space", "axes"): (arms, "point"), **factors}
+    total = math.prod(count for count, _ in factors.values())
+    if total <= MAX_TRIALS:
+        return
+    shown = " x ".join(f"{count:,} {noun}{'s' if count != 1 else ''}" for count, noun in factors.values())
+    message = f"the study plans {total:,} trials ({shown}; limit {MAX_TRIALS:,})"
+    hint = "fewer targets, seeds or learning rates, or sample: N on wide axes"
+    loc = max(factors, key=lambda key: factors[key][0])
+    if loc == ("space", "axes"):
+        raise _origin_error(study.space, ("axes",), message, hint)
+    if study._origin is None:
+        raise SpecError(message, field=".".join(loc), hint=hint)
+    raise study._origin.error(message, loc=loc, hint=hint)
+
+
 def compile_expressions(space: Space) -> dict:
     """Parse every ``when``, derived value and constraint once, checking names."""
     axes = axes_of(space)
@@ -160,7 +193,19 @@ def _resolve(space: Space, point: dict, axes: dict[str, Axis], compiled: dict) -
     for index, expr in compiled["constraints"]:
         if not _evaluate(space, ("constraints", index), expr, env):
             return None
+    _check_placement(space, point)
     return point
+
+
+def _check_placement(space: Space, point: dict) -> None:
+    """A memory placed after a layer the point does not have is the user's mistake, not a build error."""
+    placement = point.get("memory.placement")
+    if point["family"] != "memory" or placement is None or placement < point["num_layers"]:
+        return
+    raise _origin_error(space, ("axes", "memory", "placement"),
+                        f"memory placement {placement} is past the top layer "
+                        f"(num_layers={point['num_layers']} has layers 0..{point['num_layers'] - 1})",
+                        "lower it, or add a constraint: 'memory_placement < num_layers'")
 
 
 def _canonical(point: dict) -> None:

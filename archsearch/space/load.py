@@ -14,10 +14,14 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from archsearch.errors import SpecError, did_you_mean
+from archsearch.files import kind_problem
 from archsearch.space._yaml import read_yaml
 from archsearch.space.schema import Space, Study
 
 MAX_INCLUDE_DEPTH = 8
+# Included files read for one study, counted over the whole tree: ten includes
+# a file nested seven deep would otherwise read ten million files.
+MAX_INCLUDE_READS = 64
 
 
 @dataclass(frozen=True)
@@ -51,9 +55,11 @@ def load_study(path: str | Path) -> Study:
     study = _load(Study, path)
     if isinstance(study.space, str):
         space_path = Path(path).parent / study.space
-        if not space_path.exists():
-            raise study._origin.error(f"space file '{study.space}' not found (looked at {space_path})",
-                                      loc=("space",), hint="paths are relative to the study file")
+        problem = kind_problem(space_path)
+        if problem is not None:
+            problem = "not found" if problem == "does not exist" else problem
+            raise study._origin.error(f"space file '{study.space}' {problem} (looked at {space_path})",
+                                      loc=("space",), hint="paths are relative to the study file; name a .yaml file")
         space = _load(Space, space_path)
     else:
         space = study.space
@@ -71,11 +77,12 @@ def _resolve_paths(paths: list[str], origin: Origin) -> list[str]:
     """Data paths are relative to the study file; each must exist."""
     out = []
     for index, raw in enumerate(paths):
-        path = (Path(origin.path).parent / Path(raw).expanduser()).resolve()
-        if not path.exists():
-            raise origin.error(f"'{raw}' does not exist (looked at {path})", loc=("data", "paths", index),
-                               hint="paths are relative to the study file")
-        out.append(str(path))
+        path = Path(origin.path).parent / Path(raw).expanduser()
+        problem = kind_problem(path, folder_ok=True)
+        if problem is not None:
+            raise origin.error(f"'{raw}' {problem} (looked at {path})", loc=("data", "paths", index),
+                               hint="paths are relative to the study file; name text files or folders of them")
+        out.append(str(path.resolve()))
     return out
 
 
@@ -84,10 +91,16 @@ def load_space(path: str | Path) -> Space:
     return _load(Space, path)
 
 
-def read_with_includes(path: str | Path, *, chain: tuple[str, ...] = ()) -> tuple[Any, dict]:
+def read_with_includes(path: str | Path, *, chain: tuple[str, ...] = (),
+                       reads: list[int] | None = None) -> tuple[Any, dict]:
     """Read a YAML file; ``include:`` (a path or list, relative to the file)
-    loads other files first and this file's keys override theirs, key by key."""
+    loads other files first and this file's keys override theirs, key by key.
+
+    ``reads`` counts the included files read so far over the whole tree (at
+    most ``MAX_INCLUDE_READS``); a top-level call leaves it out.
+    """
     path = Path(path)
+    reads = [0] if reads is None else reads
     data, lines = read_yaml(path)
     where = {loc: (str(path), line) for loc, line in lines.items()}
     if not isinstance(data, dict) or "include" not in data:
@@ -100,16 +113,23 @@ def read_with_includes(path: str | Path, *, chain: tuple[str, ...] = ()) -> tupl
         loc = ("include", index) if ("include", index) in where else ("include",)
         if not isinstance(name, str):
             raise origin.error("include takes a file path or a list of them", loc=loc)
-        target = (path.parent / name).resolve()
+        target = path.parent / name
+        problem = kind_problem(target)
+        if problem is not None:
+            problem = "not found" if problem == "does not exist" else problem
+            raise origin.error(f"included file '{name}' {problem} (looked at {target})", loc=loc,
+                               hint="paths are relative to the including file; include a .yaml file")
+        target = target.resolve()
         if str(target) in chain or target == path.resolve():
             raise origin.error(f"'{name}' includes itself (through {' -> '.join(chain) or path})", loc=loc,
                                hint="remove the include cycle")
         if len(chain) >= MAX_INCLUDE_DEPTH:
             raise origin.error(f"includes nest deeper than {MAX_INCLUDE_DEPTH}", loc=loc)
-        if not target.is_file():
-            raise origin.error(f"included file '{name}' not found (looked at {target})", loc=loc,
-                               hint="paths are relative to the including file")
-        base, base_where = read_with_includes(target, chain=chain + (str(path.resolve()),))
+        reads[0] += 1
+        if reads[0] > MAX_INCLUDE_READS:
+            raise origin.error(f"the includes read more than {MAX_INCLUDE_READS} files (limit {MAX_INCLUDE_READS})",
+                               loc=loc, hint="include each shared file once, from one base file")
+        base, base_where = read_with_includes(target, chain=chain + (str(path.resolve()),), reads=reads)
         if not isinstance(base, dict):
             raise origin.error(f"included file '{name}' is not a mapping of keys", loc=loc)
         merged = _merge(merged, base)
@@ -165,9 +185,24 @@ def _translate(err: ValidationError, model: type[BaseModel], data: dict, origin:
     elif kind == "union_tag_not_found":
         message = "missing 'kind'"
         hint = f"add kind: one of {first.get('ctx', {}).get('expected_tags', '')}"
+    elif kind in ("int_type", "float_type", "bool_type", "int_from_float"):
+        hint = _type_hint(kind, first.get("input"))
+    elif kind == "value_error":  # the schema's own checks say what to do in their message
+        message = message.removeprefix("Value error, ")
     else:
         hint = "see `archsearch schema` for the expected types"
     return origin.error(message, loc=loc, hint=hint)
+
+
+def _type_hint(kind: str, value: Any) -> str:
+    """What to write instead: numbers and booleans are never converted from text (or each other)."""
+    if isinstance(value, str):
+        return "write true or false without quotes" if kind == "bool_type" else "write the number without quotes"
+    if kind != "bool_type" and isinstance(value, float):
+        return f"write a whole number such as {int(value)}" if value.is_integer() else "write a whole number"
+    if kind == "bool_type":
+        return "write true or false"
+    return "see `archsearch schema` for the expected types"
 
 
 def _clean_loc(error: dict, data: Any) -> tuple[tuple, int]:

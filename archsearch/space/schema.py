@@ -15,9 +15,10 @@ Torch-free: this module is imported by ``archsearch plan`` and the CLI.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Generic, Literal, TypeVar, Union
 
-from pydantic import BeforeValidator, Field, PrivateAttr, model_validator
+from pydantic import AfterValidator, BeforeValidator, Field, PrivateAttr, model_validator
 
 from archsearch.space.training import Data, Recipe, Strict, TextData
 
@@ -75,6 +76,9 @@ def fixed(value: Any) -> Any:
 
 
 PositiveInt = Annotated[int, Field(ge=1)]
+# Seeds are stored as DuckDB INTEGER (int32), and every RNG takes them.
+Seed = Annotated[int, Field(ge=0, le=2**31 - 1, description="0 to 2**31 - 1")]
+NAME_LIMIT = 100
 
 
 class TaperAxes(Strict):
@@ -95,16 +99,33 @@ class AttentionAxes(Strict):
         description="elementwise: a gate per head channel (the paper's best); headwise: one per head")
 
 
+def _ratio_has_layers(ratio: str) -> str:
+    if sum(int(part) for part in ratio.split(":")) == 0:
+        raise ValueError(f"ratio {ratio!r} has no layers; write recurrent:attention such as '3:1'")
+    return ratio
+
+
 class HybridAxes(Strict):
     """The layer mix of hybrid and looped stacks."""
 
-    ratio: axis(Annotated[str, Field(pattern=r"^\d+:\d+$")]) = Field(
+    ratio: axis(Annotated[str, Field(pattern=r"^\d{1,4}:\d{1,4}$"), AfterValidator(_ratio_has_layers)]) = Field(
         default="3:1", validate_default=True, description="recurrent:attention layers, evenly interleaved")
     pattern: axis(Annotated[str, Field(pattern=r"^[MGA]*$", max_length=256)]) = Field(
         default="", validate_default=True,
         description="layer letters, tiled to num_layers: M mamba, G gated deltanet, A attention; when set, "
                     "used instead of ratio (looped: the shared group, default A)")
     mixer: axis(Literal["mamba", "gdn"]) = fixed("mamba")
+
+    @model_validator(mode="after")
+    def _pattern_or_ratio(self) -> HybridAxes:
+        # A written pattern replaces the ratio; a ratio written beside a
+        # pattern every point has would be dropped without a word.
+        pattern = self.pattern
+        if ({"pattern", "ratio"} <= self.model_fields_set and pattern.when is None
+                and pattern.values is not None and all(pattern.values)):
+            raise ValueError("hybrid.pattern and hybrid.ratio are both given, and the pattern replaces the ratio; "
+                             "keep one (or add '' to the patterns to also use the ratio)")
+        return self
 
 
 class MemoryAxes(Strict):
@@ -139,13 +160,14 @@ class GpnAxes(Strict):
 
 
 class HrmAxes(Strict):
-    N: axis(PositiveInt) = Field(default=2, validate_default=True, description="slow cycles")
-    T: axis(PositiveInt) = Field(default=2, validate_default=True, description="fast steps per slow step")
+    N: axis(Annotated[int, Field(ge=1, le=64)]) = Field(default=2, validate_default=True, description="slow cycles")
+    T: axis(Annotated[int, Field(ge=1, le=64)]) = Field(default=2, validate_default=True,
+                                                        description="fast steps per slow step")
     grad: axis(Literal["bptt", "one_step"]) = Field(
         default="bptt", validate_default=True,
         description="bptt: through every step; one_step: HRM's approximation, only the last fast and slow "
                     "updates carry gradient")
-    segments: axis(PositiveInt) = Field(
+    segments: axis(Annotated[int, Field(ge=1, le=64)]) = Field(
         default=1, validate_default=True,
         description="deep supervision: forward segments, each supervised, state detached between")
 
@@ -179,7 +201,7 @@ class ModelOptions(Strict):
     head_dim: int = Field(default=16, ge=4, le=512, description="d_model is a multiple of it")
     mlp_ratio: float = Field(default=8 / 3, gt=0, le=16, description="mean MLP width over d_model")
     multiple_of: int = Field(default=8, ge=1, le=1024, description="every MLP width is a multiple of it")
-    d_model: int | None = Field(default=None, ge=4, description="fixed width, for budget.solve_for: mlp")
+    d_model: int | None = Field(default=None, ge=4, le=65_536, description="fixed width, for budget.solve_for: mlp")
     rope_theta: float = Field(default=10_000.0, gt=0)
     tie_embeddings: bool = True
 
@@ -192,13 +214,13 @@ class Space(Strict):
     """The design axes, derived values and constraints of a search."""
 
     include: Union[str, list[str], None] = INCLUDE
-    name: str = "space"
+    name: str = Field(default="space", max_length=NAME_LIMIT)
     axes: Axes
     derived: dict[str, str] = Field(
         default_factory=dict, description="name: expression over axes (dots become underscores: taper_ratio)")
     constraints: list[str] = Field(default_factory=list, description="expressions every point must satisfy")
     model: ModelOptions = ModelOptions()
-    seed: int = Field(default=0, description="seed of sampled axes")
+    seed: Seed = Field(default=0, description="seed of sampled axes")
     _origin: Any = PrivateAttr(default=None)
 
 
@@ -242,8 +264,9 @@ class Budget(Strict):
 
 
 class Execution(Strict):
-    max_parallel: int | Literal["auto"] = Field(default="auto", description="trials at once; auto = CPUs")
-    threads_per_trial: int = Field(default=1, ge=1, description="torch threads inside each trial")
+    max_parallel: Annotated[int, Field(ge=1, le=10_000)] | Literal["auto"] = Field(
+        default="auto", description="trials at once; auto = CPUs")
+    threads_per_trial: int = Field(default=1, ge=1, le=1024, description="torch threads inside each trial")
     retries: int = Field(default=1, ge=0, le=10, description="re-runs of a trial whose worker died")
 
 
@@ -303,16 +326,27 @@ class Search(Strict):
         return self
 
 
+def _file_name(name: Any) -> Any:
+    # Checked before the pattern so the message says what a name may hold, not a regex.
+    if isinstance(name, str) and not (0 < len(name) <= NAME_LIMIT and re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*",
+                                                                                  name)):
+        raise ValueError(f"a study name is 1 to {NAME_LIMIT} letters, digits, _ . - (not starting with . or -), "
+                         f"as it names files; got {name[:40]!r}{'...' if len(name) > 40 else ''}")
+    return name
+
+
 class Study(Strict):
     """A study: a space, a budget ladder, data, a recipe, seeds, search, execution."""
 
     include: Union[str, list[str], None] = INCLUDE
-    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description="letters, digits, _ . -")
+    name: Annotated[str, BeforeValidator(_file_name)] = Field(
+        pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$", max_length=NAME_LIMIT,
+        description=f"letters, digits, _ . - (not first: . -), at most {NAME_LIMIT}; it names the report file")
     space: Union[str, Space] = Field(description="path to a space file (relative to this file), or inline")
     budget: Budget
     data: Data = TextData()
     recipe: Recipe = Recipe()
-    seeds: list[int] = Field(default=[0], min_length=1)
+    seeds: list[Seed] = Field(default=[0], min_length=1)
     search: Search = Search()
     execution: Execution = Execution()
     _origin: Any = PrivateAttr(default=None)

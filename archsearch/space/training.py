@@ -1,8 +1,10 @@
 """The data and training-recipe sections of a study file.
 
 Kept apart from the space and budget schema because the training loop reads
-them directly (as dumped dicts). Torch-free: the synthetic task names are
-listed here and a test keeps them equal to ``archsearch.data.synthetic.TASKS``.
+them directly (as dumped dicts). Torch-free, and it imports nothing of
+``archsearch.data``: the synthetic task names are listed here and a test keeps
+them equal to ``archsearch.data.synthetic.TASKS``; what only a task class knows
+(its vocabulary, its sequence length) the planner asks ``archsearch.data``.
 """
 
 from __future__ import annotations
@@ -17,12 +19,19 @@ DEFAULT_BPE_VOCAB = 8192
 TASK_NAMES = ("mqar", "phop", "mano", "mad_in_context_recall", "mad_fuzzy_recall", "mad_noisy_recall",
               "mad_selective_copying", "mad_compression", "mad_memorization")
 _TOKENS_PER_PARAM = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*x\s*$")
+# A quadrillion tokens is past any run this tool will see; counts are stored as BIGINT.
+MAX_TOKENS = 10**15
+MAX_TOKENS_PER_PARAM = 10_000
+MAX_VOCAB = 1 << 20
 
 
 class Strict(BaseModel):
-    """Frozen, and unknown keys are errors rather than silent defaults."""
+    """Frozen; unknown keys are errors rather than silent defaults; and values are
+    not converted between types: ``num_layers: "4"`` (a quoted number) or
+    ``exit_gate: 1`` is refused, so what a file says is what runs. An integer
+    is accepted where a float is asked."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class HubSource(Strict):
@@ -56,13 +65,13 @@ class TextData(Strict):
     tokenizer: Literal["byte", "bpe"] = Field(
         default="byte", description="byte: 256 byte values; bpe: byte-level BPE trained on the train split")
     vocab_size: int | None = Field(
-        default=None, ge=260, le=1 << 20, description=f"bpe only; default {DEFAULT_BPE_VOCAB}")
+        default=None, ge=260, le=MAX_VOCAB, description=f"bpe only; default {DEFAULT_BPE_VOCAB}")
     cache_dir: str | None = Field(
         default=None, description="token cache; default $ARCHSEARCH_CACHE or ~/.cache/archsearch "
                                   "(byte-level without it stays in memory)")
     seq_len: int = Field(default=128, ge=2, le=1 << 16)
     val_fraction: float = Field(default=0.1, gt=0, lt=1)
-    max_bytes: int = Field(default=4_000_000, ge=1024, description="read at most this much text")
+    max_bytes: int = Field(default=4_000_000, ge=1024, le=1 << 40, description="read at most this much text")
 
     @model_validator(mode="before")
     @classmethod
@@ -86,8 +95,8 @@ class MqarData(Strict):
 
     kind: Literal["mqar"]
     seq_len: int = Field(default=64, ge=8, le=1 << 16)
-    vocab_size: int = Field(default=256, ge=16)
-    num_pairs: int = Field(default=8, ge=1)
+    vocab_size: int = Field(default=256, ge=16, le=MAX_VOCAB)
+    num_pairs: int = Field(default=8, ge=1, le=MAX_VOCAB)
 
 
 class TaskData(Strict):
@@ -96,14 +105,6 @@ class TaskData(Strict):
     kind: Literal["task"]
     name: Literal[TASK_NAMES] = Field(description=", ".join(TASK_NAMES))
     params: dict[str, Any] = Field(default_factory=dict, description="the task's own fields (seq_len, ...)")
-
-    @property
-    def seq_len(self) -> int:
-        """The task's sequence length. Reads the task class, the one place that knows its default
-        (Mano derives it from max_ops), so it imports torch: the planner calls it, the schema never."""
-        from archsearch.data import task_source
-
-        return task_source(self.model_dump()).seq_len
 
 
 Part = Annotated[Union[TextData, MqarData, TaskData], Field(discriminator="kind")]
@@ -121,10 +122,6 @@ class MixData(Strict):
 
     kind: Literal["mix"]
     sources: list[MixPart] = Field(min_length=1)
-
-    @property
-    def seq_len(self) -> int:
-        return max(part.source.seq_len for part in self.sources)
 
 
 Data = Annotated[Union[TextData, MqarData, TaskData, MixData], Field(discriminator="kind")]
@@ -146,11 +143,11 @@ class Recipe(Strict):
     https://arxiv.org/abs/2203.15556).
     """
 
-    steps: int = Field(default=200, ge=1)
+    steps: int = Field(default=200, ge=1, le=10**9)
     tokens: int | str | None = Field(
         default=None, description='training tokens, or "20x" tokens per non-embedding parameter; overrides steps')
-    batch_size: int = Field(default=16, ge=1)
-    grad_accum: int = Field(default=1, ge=1, description="micro-batches per step; divides batch_size")
+    batch_size: int = Field(default=16, ge=1, le=1 << 20)
+    grad_accum: int = Field(default=1, ge=1, le=1 << 20, description="micro-batches per step; divides batch_size")
     lr: Union[Annotated[float, Field(gt=0, le=1)], LrSweep] = Field(
         default=3e-3, description="peak learning rate, or {sweep: [...]}: every arm runs each and keeps its best, "
                                   "so no family wins by being tuned better")
@@ -175,17 +172,19 @@ class Recipe(Strict):
     @field_validator("tokens", mode="before")
     @classmethod
     def _tokens(cls, value: Any) -> Any:
-        # YAML reads 1e9 as a string and 1.0e9 as a float: both mean a count.
+        # A count is a number (the study reader takes 1e9 as one); text is only a ratio.
         if isinstance(value, str) and not _TOKENS_PER_PARAM.match(value):
-            try:
-                value = float(value)
-            except ValueError:
-                raise ValueError(f'tokens takes a count or a ratio such as "20x", got {value!r}') from None
+            raise ValueError(f'tokens takes a count (a number, without quotes) or a ratio such as "20x", '
+                             f'got {value!r}')
         if isinstance(value, float) and value.is_integer():
             value = int(value)
         ratio = tokens_per_param(value) if isinstance(value, str) else value
         if isinstance(ratio, (int, float)) and ratio <= 0:
             raise ValueError(f"tokens must be positive, got {value!r}")
+        if isinstance(value, str) and ratio > MAX_TOKENS_PER_PARAM:
+            raise ValueError(f'tokens per parameter must be at most {MAX_TOKENS_PER_PARAM:,}x, got {value!r}')
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > MAX_TOKENS:
+            raise ValueError(f"tokens must be at most {MAX_TOKENS:.0e}, got {value:.3g}")
         return value
 
     @model_validator(mode="after")
