@@ -141,7 +141,10 @@ def pareto(objectives: Annotated[str, typer.Option(help="columns with directions
 
     table = _analysis_table(store, study, from_csv)
     goals = analysis.parse_objectives(objectives)
-    ref = [float(v) for v in reference.split(",")] if reference else None
+    try:
+        ref = [float(v) for v in reference.split(",")] if reference else None
+    except ValueError:
+        raise ValueError(f"--reference '{reference}': give one number per objective, e.g. 4.0,1e8,0") from None
     if extrapolate is not None:
         front = analysis.extrapolated_front(table, goals, extrapolate, by=by or ("family" if from_csv is None
                                                                                    else None),
@@ -153,7 +156,13 @@ def pareto(objectives: Annotated[str, typer.Option(help="columns with directions
         return
     from archsearch.terminal import front_table
 
-    front_table(front.rows, [c for c, _ in goals])
+    names = [c for c, _ in goals]
+    if front.rows and "trial_id" not in front.rows[0]:  # CSV rows by number, extrapolated rows by group
+        first = "index" if extrapolate is None else (by or ("family" if from_csv is None else "group"))
+        rows = [dict(row, index=i) for i, row in zip(front.indices, front.rows)]
+        front_table(rows, [first, *names])
+    else:
+        front_table(front.rows, names)
     for note in front.notes:
         typer.echo(f"note: {note}")
     if front.hypervolume is not None:
