@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
 
 import archsearch as A
 from archsearch import analysis
 from archsearch.analysis import fit as fit_module
-from archsearch.cli import app
-from tests.scaling_store import LAWS, SIZES, law_loss, write_store
+from tests.analysis_support import LAWS, SIZES, cli_json, law_loss, one_line_error, write_store
 
 CHINCHILLA = Path(__file__).parent / "data" / "chinchilla_svg_extracted_data.csv"
 # Besiroglu et al. (2024), table 1, fitted to the same extracted points less the 5 highest losses.
@@ -21,9 +18,7 @@ PUBLISHED = {"E": 1.82, "A": 478.0, "B": 2140.0, "alpha": 0.347, "beta": 0.367}
 
 
 def fit_json(*args: str) -> dict:
-    result = CliRunner().invoke(app, ["fit", *args, "--json"])
-    assert result.exit_code == 0, result.output
-    return json.loads(result.output)
+    return cli_json("fit", *args)
 
 
 @pytest.mark.slow
@@ -151,16 +146,21 @@ def test_fit_groups_by_a_store_axis(tmp_path):
 def test_mistakes_end_in_one_line(tmp_path, args, message):
     path = tmp_path / "d.csv"
     path.write_text("Model Size,Training FLOP,loss\n1e6,1e15,3.0\n2e6,4e15,2.8\n4e6,1.6e16,2.7\n8e6,6e16,2.6\n")
-    result = CliRunner().invoke(app, ["fit", "--from-csv", str(path), *args])
-    assert result.exit_code == 2, result.output
-    lines = result.output.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0], result.output
+    assert message in one_line_error("fit", "--from-csv", str(path), *args)
 
 
 def test_too_few_points_is_one_line(tmp_path):
     path = tmp_path / "d.csv"
     path.write_text("N,loss\n1e6,3.0\n2e6,2.8\n4e6,2.7\n")
-    result = CliRunner().invoke(app, ["fit", "--from-csv", str(path), "--n-col", "N", "--loss-col", "loss",
-                                      "--law", "N"])
-    assert result.exit_code == 2
-    assert result.output.strip() == "error: nothing to fit: L(N) for all: 3 points, need at least 4 (3 parameters)"
+    line = one_line_error("fit", "--from-csv", str(path), "--n-col", "N", "--loss-col", "loss", "--law", "N")
+    assert line == "error: nothing to fit: L(N) for all: 3 points, need at least 4 (3 parameters)"
+
+
+def test_the_objective_gradient_matches_finite_differences():
+    variables, loss, _ = synthetic("ND", noise=0.05)
+    objective = fit_module._HuberObjective(np.log(np.stack([variables["N"], variables["D"]])), np.log(loss))
+    theta = np.array([0.4, 6.0, 7.5, 0.35, 0.3])
+    value, grad = objective(theta)
+    step = 1e-7
+    numeric = [(objective(theta + step * e)[0] - objective(theta - step * e)[0]) / (2 * step) for e in np.eye(5)]
+    assert grad == pytest.approx(numeric, rel=1e-4, abs=1e-9)

@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import itertools
-import json
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from typer.testing import CliRunner
 
 from archsearch import analysis
 from archsearch.analysis import hypervolume, nondominated, pareto, pareto_front, parse_objectives
-from archsearch.cli import app
-from tests.scaling_store import write_store
+from tests.analysis_support import cli_json, one_line_error, write_store
 
 ROWS = [dict(id=i, loss=loss, params=p, speed=s) for i, (loss, p, s) in enumerate(
     [(3.0, 10, 5.0), (2.5, 20, 4.0), (2.6, 30, 9.0), (2.0, 40, 1.0), (3.5, 5, 2.0), (2.5, 25, 3.0)])]
@@ -106,9 +103,7 @@ def test_matched_budgets_are_compared_at_their_target(tmp_path):
 
 
 def pareto_json(*args: str) -> dict:
-    result = CliRunner().invoke(app, ["pareto", *args, "--json"])
-    assert result.exit_code == 0, result.output
-    return json.loads(result.output)
+    return cli_json("pareto", *args)
 
 
 def test_pareto_json_has_one_shape_with_objects_not_json_strings(tmp_path):
@@ -141,18 +136,13 @@ def test_pareto_on_a_csv_lists_rows_by_index_with_the_hypervolume(tmp_path):
 def test_mistakes_end_in_one_line(tmp_path, args, message):
     path = tmp_path / "runs.csv"
     path.write_text("family,loss,params\ntransformer,2.5,10\nmamba,2.4,20\n")
-    result = CliRunner().invoke(app, ["pareto", "--from-csv", str(path), *args])
-    assert result.exit_code == 2, result.output
-    lines = result.output.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0], result.output
+    assert message in one_line_error("pareto", "--from-csv", str(path), *args)
 
 
 def test_text_objective_on_a_store_is_one_line(tmp_path):
     """Issue 8 item 9: this printed a traceback."""
-    result = CliRunner().invoke(app, ["pareto", "--store", str(write_store(tmp_path / "s.duckdb")),
-                                      "--objectives", "family:max"])
-    assert result.exit_code == 2
-    assert result.output.startswith("error: objective 'family' is not numeric") and result.output.count("\n") == 1
+    line = one_line_error("pareto", "--store", str(write_store(tmp_path / "s.duckdb")), "--objectives", "family:max")
+    assert line.startswith("error: objective 'family' is not numeric")
 
 
 def test_front_extrapolated_to_a_larger_scale(tmp_path):

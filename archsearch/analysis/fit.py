@@ -239,14 +239,13 @@ class _HuberObjective:
         weights = np.exp(terms - top)
         total = weights.sum(axis=0)
         residual = top + np.log(total) - self.y
-        size = np.abs(residual)
-        small = size <= self.delta
-        value = np.where(small, 0.5 * residual**2, self.delta * (size - 0.5 * self.delta)).sum()
+        # Huber's slope is the residual clipped to +-delta, and with it the loss is
+        # slope * (residual - slope / 2): r^2 / 2 inside, delta (|r| - delta / 2) outside.
         slope = np.clip(residual, -self.delta, self.delta)
+        value = slope @ (residual - 0.5 * slope)
         weights /= total  # softmax: d LSE / d term
         grad = np.empty(1 + 2 * k)
-        grad[0] = weights[0] @ slope
-        grad[1:1 + k] = weights[1:] @ slope
+        grad[:1 + k] = weights @ slope
         grad[1 + k:] = -(weights[1:] * self.log_x) @ slope
         return float(value), grad
 

@@ -1,12 +1,16 @@
-"""A store of finished trials whose losses follow known scaling laws, for the analysis tests."""
+"""For the analysis tests: a store of finished trials whose losses follow known
+scaling laws, and the CLI's one-line errors."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
+from typer.testing import CliRunner
 
 import archsearch as A
+from archsearch.cli import app
 
 # family -> (E, A, alpha) of L(N) = E + A / N^alpha
 LAWS = {"transformer": (1.5, 40.0, 0.30), "mamba": (1.4, 60.0, 0.32)}
@@ -41,3 +45,19 @@ def write_store(path: Path, *, noise: float = 0.003, seed: int = 0, trials: list
                                        steps=10, tokens=20 * t["params"], wall_time_s=1.0,
                                        tokens_per_s=t["tokens_per_s"], curve=[]))
     return path
+
+
+def one_line_error(*args: str) -> str:
+    """Run the CLI, expect exit 2 and a single line; return that line."""
+    result = CliRunner().invoke(app, list(args))
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1, result.output
+    return lines[0]
+
+
+def cli_json(*args: str) -> dict:
+    """Run the CLI with ``--json``; expect success and return the parsed output."""
+    result = CliRunner().invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output)
