@@ -100,7 +100,7 @@ def test_compute_multiplier_recovers_a_planted_efficiency_gain():
     curve = lambda c: 1.8 + 30.0 * c ** -0.12  # noqa: E731
     rows = {"C": np.concatenate([compute, compute]), "loss": np.concatenate([curve(compute), curve(4 * compute)])
             * np.exp(0.002 * rng.standard_normal(24)), "family": ["a"] * 12 + ["b"] * 12}
-    fits = analysis.fit_scaling(rows, laws=["C"], by="family", loss_col="loss", n_col="C", d_col=None, c_col="C",
+    fits = analysis.fit_scaling(rows, laws=["C"], by="family", loss_col="loss", n_col=None, d_col=None, c_col="C",
                                 bootstrap=60)
     result = fits.compute_multiplier("a", "b", compute=1e18)
     m = result["multiplier"]
@@ -139,7 +139,7 @@ def test_fit_groups_by_a_store_axis(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--n-col", "size"], "no column 'size'; have: Model Size, Training FLOP, loss"),
-    (["--n-col", "Model Size", "--loss-col", "loss", "--law", "ND"], "L(N,D) needs tokens or training FLOPs"),
+    (["--n-col", "Model Size", "--loss-col", "loss", "--law", "ND"], "L(N,D) needs parameter counts and tokens"),
     (["--n-col", "Model Size", "--loss-col", "loss", "--law", "XY"], "unknown law 'XY'"),
     (["--n-col", "Model Size", "--loss-col", "loss", "--at", "N=big"], "write NAME=NUMBER pairs"),
 ], ids=["missing-column", "no-tokens", "unknown-law", "bad-point"])

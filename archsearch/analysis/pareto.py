@@ -75,12 +75,14 @@ class Front:
         return {
             "objectives": [{"column": c, "direction": d} for c, d in self.objectives],
             "considered": self.considered,
-            "reference": self.reference,
+            "reference": [v if np.isfinite(v) else None for v in self.reference],
             "reference_rule": self.reference_rule,
             "hypervolume": self.hypervolume,
             "hypervolume_fraction": self.hypervolume_fraction,
             "notes": self.notes,
-            "front": [dict(index=i, **row) for i, row in zip(self.indices, self.rows)],
+            # The row number comes first and wins over an input column of the same name.
+            "front": [{"index": i, **{k: v for k, v in row.items() if k != "index"}}
+                      for i, row in zip(self.indices, self.rows)],
         }
 
 
@@ -110,7 +112,8 @@ def pareto(data: Any, objectives: str | Sequence[tuple[str, str]], *, reference:
     points = np.column_stack(columns).reshape(table.num_rows, len(names)) * signs  # [n, k], all to minimise
     valid = np.flatnonzero(np.isfinite(points).all(axis=1))
     if len(valid) < len(points):
-        notes.append(f"{len(points) - len(valid)} rows without a value for every objective were left out")
+        left_out = len(points) - len(valid)
+        notes.append(f"{left_out} row{'s' * (left_out != 1)} without a value for every objective left out")
     front = valid[nondominated(points[valid])]
     front = front[np.lexsort(points[front].T[::-1])]
     ref = _reference(points[valid], reference, signs)
@@ -118,7 +121,7 @@ def pareto(data: Any, objectives: str | Sequence[tuple[str, str]], *, reference:
     if volume is None:
         notes.append("hypervolume is computed for up to 3 objectives")
     box = np.prod(ref - points[front].min(axis=0)) if len(front) else 0.0
-    fraction = volume / box if volume is not None and box > 0 else None
+    fraction = float(volume / box) if volume is not None and box > 0 else None
     if rows_in is not None:
         rows = [rows_in[i] for i in front]
     else:

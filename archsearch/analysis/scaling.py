@@ -49,7 +49,7 @@ class Fits:
 
 
 def fit_scaling(data: Any, *, laws: Sequence[str] = ("N", "C", "ND"), by: str | None = "family",
-                loss_col: str = "val_loss", n_col: str = "params", d_col: str | None = "tokens",
+                loss_col: str = "val_loss", n_col: str | None = "params", d_col: str | None = "tokens",
                 c_col: str | None = None, drop_highest: int = 0, bootstrap: int = 200, level: float = 0.95,
                 seed: int = 0, grid: bool = True) -> Fits:
     """Fit each of ``laws`` to each group of ``data`` (any table; see ``tables.as_table``).
@@ -75,8 +75,7 @@ def fit_scaling(data: Any, *, laws: Sequence[str] = ("N", "C", "ND"), by: str | 
                 if any(v not in columns for v in law.variables):
                     raise ValueError(f"{law.name} needs {_needs(law)}")
                 rows = _rows(labels == group, loss, [columns[v] for v in law.variables], drop_highest)
-                fits.append(fit_law({v: columns[v][rows] for v in law.variables}, loss[rows], law,
-                                    group=group,
+                fits.append(fit_law({v: columns[v][rows] for v in law.variables}, loss[rows], law, group=group,
                                     bootstrap=bootstrap, level=level, seed=seed, grid=grid))
             except ValueError as err:
                 skipped.append({"group": group, "law": law.name, "reason": str(err)})
@@ -142,25 +141,24 @@ def _rows(in_group: np.ndarray, loss: np.ndarray, variables: list[np.ndarray], d
     return np.sort(rows)
 
 
-def _variables(table, *, n_col: str, d_col: str | None, c_col: str | None) -> tuple[dict, list[str]]:
-    columns, notes = {"N": numeric_column(table, n_col)}, []
-    if d_col is not None:
-        columns["D"] = numeric_column(table, d_col)
-    if c_col is not None:
-        columns["C"] = numeric_column(table, c_col)
-    if "D" not in columns and "C" in columns:
+def _variables(table, *, n_col: str | None, d_col: str | None, c_col: str | None) -> tuple[dict, list[str]]:
+    columns, notes = {}, []
+    for variable, name in (("N", n_col), ("D", d_col), ("C", c_col)):
+        if name is not None:
+            columns[variable] = numeric_column(table, name)
+    if "D" not in columns and {"N", "C"} <= set(columns):
         columns["D"] = columns["C"] / (6 * columns["N"])
         notes.append(f"tokens D = {c_col} / (6 {n_col})")
     if "C" not in columns and "D" in columns:
         if "flops_per_token" in table.column_names:
             columns["C"] = numeric_column(table, "flops_per_token") * columns["D"]
             notes.append(f"training compute C = flops_per_token x {d_col}")
-        else:
+        elif "N" in columns:
             columns["C"] = 6 * columns["N"] * columns["D"]
             notes.append(f"training compute C = 6 {n_col} {d_col}")
     return columns, notes
 
 
 def _needs(law) -> str:
-    return {"N": "a parameter count column", "C": "tokens or training FLOPs (--d-col or --flops-col)",
-            "ND": "tokens or training FLOPs (--d-col or --flops-col)"}[law.key]
+    return {"N": "a parameter count column (--n-col)", "C": "tokens or training FLOPs (--d-col or --flops-col)",
+            "ND": "parameter counts and tokens or training FLOPs (--n-col, --d-col or --flops-col)"}[law.key]
