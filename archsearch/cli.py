@@ -180,7 +180,8 @@ def fit(store: StoreOpt = DEFAULT_STORE, study: StudyOpt = None, from_csv: CsvOp
                                                               "when there is no tokens column")] = None,
         loss_col: Annotated[str, typer.Option(help="loss column")] = "val_loss",
         drop_highest: Annotated[int, typer.Option(min=0, help="leave out this many highest losses per group")] = 0,
-        bootstrap: BootstrapOpt = 200, level: LevelOpt = 0.95, seed: int = 0,
+        bootstrap: BootstrapOpt = 200, level: LevelOpt = 0.95,
+        seed: Annotated[int, typer.Option(help="seed of the bootstrap resamples")] = 0,
         at: Annotated[Optional[list[str]], typer.Option(help="predict the loss at e.g. N=1e9,D=2e10 or C=1e21 "
                                                             "(repeatable)")] = None,
         compare: Annotated[Optional[str], typer.Option(help="effective-compute multiplier of B over A, as A,B")]
