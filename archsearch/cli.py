@@ -116,24 +116,131 @@ def status(store: StoreOpt = DEFAULT_STORE, study: StudyOpt = None, as_json: Jso
 app.command("ls", help="Studies and trials in a store (same as status).")(status)
 
 
+CsvOpt = Annotated[Optional[Path], typer.Option("--from-csv", help="read this CSV instead of a store")]
+ByOpt = Annotated[Optional[str], typer.Option("--by", help="group by this column or axis "
+                                                          "(default: family on a store, none on a CSV)")]
+BootstrapOpt = Annotated[int, typer.Option(min=0, max=100_000, help="bootstrap resamples for the intervals")]
+LevelOpt = Annotated[float, typer.Option(min=0.5, max=0.999, help="interval level")]
+
+
 @app.command()
 @user_errors
-def pareto(objectives: Annotated[str, typer.Option(help="columns, e.g. val_loss,params or tokens_per_s:max")]
-           = "val_loss,params", store: StoreOpt = DEFAULT_STORE, study: StudyOpt = None, as_json: JsonOpt = False):
-    """The non-dominated trials over the objectives."""
-    from archsearch_dashboards.report import completed_rows
+def pareto(objectives: Annotated[str, typer.Option(help="columns with directions, e.g. val_loss,params or "
+                                                        "loss:min,params:min,speed:max")] = "val_loss,params",
+           store: StoreOpt = DEFAULT_STORE, study: StudyOpt = None, from_csv: CsvOpt = None,
+           matched: Annotated[str, typer.Option(help="target: compare a matched measure at its budget target; "
+                                                     "achieved: the solver's raw value")] = "target",
+           reference: Annotated[Optional[str], typer.Option(help="hypervolume reference point, one value per "
+                                                                 "objective (default: worst + 10% of range)")]
+           = None,
+           extrapolate: Annotated[Optional[float], typer.Option(help="the front at this parameter count, "
+                                                                     "from each group's L(N) fit")] = None,
+           by: ByOpt = None, bootstrap: BootstrapOpt = 200, as_json: JsonOpt = False):
+    """The non-dominated rows over two or more objectives, with the hypervolume."""
+    from archsearch import analysis
 
-    import archsearch as A
-    from archsearch.analysis import pareto_front, parse_objectives
+    table = _analysis_table(store, study, from_csv)
+    goals = analysis.parse_objectives(objectives)
+    try:
+        ref = [float(v) for v in reference.split(",")] if reference else None
+    except ValueError:
+        raise ValueError(f"--reference '{reference}': give one number per objective, e.g. 4.0,1e8,0") from None
+    if extrapolate is not None:
+        front = analysis.extrapolated_front(table, goals, extrapolate, by=by or ("family" if from_csv is None
+                                                                                   else None),
+                                            bootstrap=bootstrap, reference=ref)
+    else:
+        front = analysis.pareto(table, goals, reference=ref, matched=matched)
+    if as_json:
+        typer.echo(json.dumps(front.to_dict(), indent=2, default=str))
+        return
     from archsearch.terminal import front_table
 
-    with A.open_store(store, read_only=True) as db:
-        rows = completed_rows(db, study)
-    front = pareto_front(rows, parse_objectives(objectives))
-    if as_json:
-        typer.echo(json.dumps(front, indent=2, default=str))
+    names = [c for c, _ in goals]
+    if front.rows and "trial_id" not in front.rows[0]:  # CSV rows by number, extrapolated rows by group
+        first = "index" if extrapolate is None else (by or ("family" if from_csv is None else "group"))
+        rows = [dict(row, index=i) for i, row in zip(front.indices, front.rows)]
+        front_table(rows, [first, *names])
     else:
-        front_table(front, [c for c, _ in parse_objectives(objectives)])
+        front_table(front.rows, names)
+    for note in front.notes:
+        typer.echo(f"note: {note}")
+    if front.hypervolume is not None:
+        typer.echo(f"hypervolume {front.hypervolume:.6g} ({front.hypervolume_fraction or 0:.1%} of the box up to "
+                   f"the reference {', '.join(f'{v:.6g}' for v in front.reference)})")
+
+
+@app.command()
+@user_errors
+def fit(store: StoreOpt = DEFAULT_STORE, study: StudyOpt = None, from_csv: CsvOpt = None, by: ByOpt = None,
+        law: Annotated[str, typer.Option(help="laws to fit: N (params), C (compute), ND (Chinchilla)")] = "N,C,ND",
+        n_col: Annotated[str, typer.Option(help="parameter count column")] = "params",
+        d_col: Annotated[Optional[str], typer.Option(help="training tokens column (store: tokens)")] = None,
+        flops_col: Annotated[Optional[str], typer.Option(help="training FLOPs column; tokens = FLOPs / 6N "
+                                                              "when there is no tokens column")] = None,
+        loss_col: Annotated[str, typer.Option(help="loss column")] = "val_loss",
+        drop_highest: Annotated[int, typer.Option(min=0, help="leave out this many highest losses per group")] = 0,
+        bootstrap: BootstrapOpt = 200, level: LevelOpt = 0.95,
+        seed: Annotated[int, typer.Option(help="seed of the bootstrap resamples")] = 0,
+        at: Annotated[Optional[list[str]], typer.Option(help="predict the loss at e.g. N=1e9,D=2e10 or C=1e21 "
+                                                            "(repeatable)")] = None,
+        compare: Annotated[Optional[str], typer.Option(help="effective-compute multiplier of B over A, as A,B")]
+        = None,
+        as_json: JsonOpt = False):
+    """Scaling-law fits per family (or --by), with bootstrap intervals."""
+    from archsearch import analysis
+
+    table = _analysis_table(store, study, from_csv)
+    points = [_point(text) for text in at or []]
+    result = analysis.fit_scaling(
+        table, laws=law.split(","), by=by or ("family" if from_csv is None else None), loss_col=loss_col,
+        n_col=n_col, d_col=d_col or ("tokens" if from_csv is None else None), c_col=flops_col,
+        drop_highest=drop_highest, bootstrap=bootstrap, level=level, seed=seed)
+    out = result.to_dict()
+    out["predictions"] = [dict(group=f.group, law=f.law.name, **f.predict(**p).to_dict())
+                          for p in points for f in result.fits if set(f.law.variables) <= _with_d(p)]
+    if compare:
+        pair = [g.strip() for g in compare.split(",")]
+        if len(pair) != 2:
+            raise ValueError(f"--compare '{compare}': give two groups, e.g. --compare transformer,mamba")
+        out["multipliers"] = [result.compute_multiplier(*pair, compute=next((p["C"] for p in points if "C" in p),
+                                                                            None))]
+    if as_json:
+        typer.echo(json.dumps(out, indent=2))
+        return
+    from archsearch.terminal import fit_tables
+
+    fit_tables(out)
+
+
+def _analysis_table(store: Path, study: Optional[str], from_csv: Optional[Path]):
+    """The rows fit and pareto read: a CSV, or the completed trials of a store."""
+    from archsearch import analysis
+
+    if from_csv is not None:
+        return analysis.read_csv(from_csv)
+    import archsearch as A
+
+    with A.open_store(store, read_only=True) as db:
+        return analysis.completed_trials(db, study)
+
+
+def _point(text: str) -> dict[str, float]:
+    """``N=1e9,D=2e10`` -> {"N": 1e9, "D": 2e10}."""
+    point = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, _, value = part.partition("=")
+        try:
+            point[name.strip().upper()] = float(value)
+        except ValueError:
+            raise ValueError(f"--at '{text}': write NAME=NUMBER pairs, e.g. N=1e9,D=2e10 or C=1e21") from None
+        if name.strip().upper() not in ("N", "D", "C"):
+            raise ValueError(f"--at '{text}': unknown variable '{name}'; use N, D or C")
+    return point
+
+
+def _with_d(point: dict) -> set[str]:
+    return set(point) | ({"D"} if {"N", "C"} <= set(point) else set())
 
 
 @app.command()

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 # Piped output keeps whole rows instead of squeezing tables to 80 columns.
@@ -51,13 +52,51 @@ def layer_table(trial) -> None:
 
 
 def front_table(front: list[dict], columns: list[str]) -> None:
+    """The front's rows: trials with their axes, or a CSV's rows."""
     table = Table(title=f"Pareto front ({', '.join(columns)})", header_style="bold")
-    for name in ["trial", "axes", *columns]:
+    trials = bool(front) and "trial_id" in front[0]
+    for name in ["trial", "axes", *columns] if trials else columns:
         table.add_column(name, justify="right")
     for row in front:
-        axes = ", ".join(f"{k}={v}" for k, v in row["axes"].items())
-        table.add_row(row["trial_id"], axes, *(_fmt(row[c]) for c in columns))
+        cells = [_fmt(row.get(c)) for c in columns]
+        if trials:
+            axes = ", ".join(f"{k}={v}" for k, v in (row.get("axes") or {}).items())
+            cells = [str(row["trial_id"]), axes, *cells]
+        table.add_row(*(escape(c) for c in cells))
     console.print(table)
+
+
+def fit_tables(result: dict) -> None:
+    """Scaling-law fits, one row per group and law, each estimate with its interval;
+    then predictions, multipliers, skipped fits and notes."""
+    names = ["E", "A", "B", "alpha", "beta"]
+    table = Table(title="scaling-law fits", header_style="bold")
+    for name in ["group", "law", "points", *names]:
+        table.add_column(name, justify="right")
+    for fit in result["fits"]:
+        cells = [_estimate(fit["estimates"].get(n)) for n in names]
+        table.add_row(escape(fit["group"]), fit["law"], str(fit["points"]), *cells)
+    console.print(table)
+    for p in result.get("predictions", []):
+        at = ", ".join(f"{k}={v:.3g}" for k, v in p["at"].items())
+        low, high = p["prediction_interval"]
+        console.print(f"{escape(p['group'])} {p['law']} at {at}: loss {_estimate(p['loss'])}, prediction interval "
+                      f"[{_fmt(low)}, {_fmt(high)}]{' (extrapolated)' if p['extrapolated'] else ''}")
+    for m in result.get("multipliers", []):
+        console.print(f"compute multiplier at C={m['compute']:.3g}: {_estimate(m['multiplier'])} "
+                      f"({escape(m['meaning'])})")
+    for s in result["skipped"]:
+        console.print(f"skipped {escape(s['group'])} {s['law']}: {escape(s['reason'])}")
+    for note in result["notes"]:
+        console.print(f"note: {escape(note)}")
+
+
+def _estimate(estimate: dict | None) -> str:
+    if estimate is None:
+        return ""
+    if estimate["low"] is None:
+        return _fmt(estimate["value"])
+    return f"{_fmt(estimate['value'])} [{_fmt(estimate['low'])}, {_fmt(estimate['high'])}]"
 
 
 def run_summary(summary, *, store: Path, report: Path) -> None:

@@ -1,5 +1,27 @@
-"""Analyses over result tables: Pareto fronts (and, later, scaling fits). Torch-free."""
+"""Analyses over result tables: scaling-law fits with intervals and Pareto fronts. Torch-free.
 
-from archsearch.analysis.pareto import pareto_front, parse_objectives
+Every function takes an Arrow table (``A.open_store(path).trials()``), a
+pandas or polars DataFrame, a list of row dicts or a dict of columns::
 
-__all__ = ["pareto_front", "parse_objectives"]
+    import archsearch as A
+    from archsearch import analysis
+
+    with A.open_store("archsearch.duckdb", read_only=True) as store:
+        trials = analysis.completed_trials(store)             # Arrow: .to_pandas(), polars.from_arrow
+    fits = analysis.fit_scaling(trials, by="family")          # L(N), L(C), L(N, D) per family
+    fits.get("mamba", "N").estimates["alpha"]                 # Estimate(value, low, high)
+    front = analysis.pareto(trials, "val_loss,params,tokens_per_s:max")
+    front.indices, front.hypervolume
+"""
+
+from archsearch.analysis.fit import LAWS, Estimate, Law, Prediction, ScalingFit, compute_multiplier, fit_law
+from archsearch.analysis.pareto import Front, hypervolume, nondominated, pareto, pareto_front, parse_objectives
+from archsearch.analysis.scaling import Fits, extrapolated_front, fit_scaling
+from archsearch.analysis.tables import as_table, read_csv
+from archsearch.analysis.trials import completed_trials, matched_values
+
+__all__ = [
+    "LAWS", "Estimate", "Fits", "Front", "Law", "Prediction", "ScalingFit", "as_table", "completed_trials",
+    "compute_multiplier", "extrapolated_front", "fit_law", "fit_scaling", "hypervolume", "matched_values",
+    "nondominated", "pareto", "pareto_front", "parse_objectives", "read_csv",
+]

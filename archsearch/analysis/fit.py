@@ -1,0 +1,326 @@
+"""Scaling-law fits with bootstrap intervals. Torch-free; scipy is imported when a fit runs.
+
+Three laws, each a sum of power laws above an irreducible loss E:
+
+- ``N``:  L(N)    = E + A / N^alpha                    (N: non-embedding parameters)
+- ``C``:  L(C)    = E + A / C^alpha                    (C: training FLOPs)
+- ``ND``: L(N, D) = E + A / N^alpha + B / D^beta       (D: training tokens)
+
+They are fitted as Hoffmann et al. (2022, https://arxiv.org/abs/2203.15556,
+appendix D.2) did, and as Besiroglu et al. (2024,
+https://arxiv.org/abs/2404.10102) redid at tolerances that converge: in logs,
+log L = LSE(e, a - alpha log N, b - beta log D) with E = exp(e), A = exp(a),
+B = exp(b); a Huber loss (delta 1e-3) between that and the log of the observed
+loss, summed over points; L-BFGS from every point of a grid of starts, keeping
+the best. The tolerances are tight on purpose: the summed Huber loss is about
+1e-3, and scipy's default gradient tolerance (1e-5) stops such a fit early
+(Besiroglu et al. trace Hoffmann et al.'s implausibly narrow intervals to this).
+
+Intervals come from a pairs bootstrap: resample the points, refit from the
+full-data optimum (at the same tolerances), and take percentiles of every
+parameter, of predicted losses (confidence interval of the law) and of
+predicted losses plus a resampled log residual (prediction interval).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+HUBER_DELTA = 1e-3
+# The grid of starts of Hoffmann et al. as Besiroglu et al. describe it:
+# 5 x 6 x 6 x 5 x 5 = 4,500 starts for L(N, D), 150 for one-term laws.
+GRID_LOG_E = (-1.0, -0.5, 0.0, 0.5, 1.0)
+GRID_LOG_COEFFICIENT = (0.0, 5.0, 10.0, 15.0, 20.0, 25.0)
+GRID_EXPONENT = (0.0, 0.5, 1.0, 1.5, 2.0)
+# L-BFGS-B stopping rules: relative change of the objective and largest
+# projected gradient component. See the module docstring for why so tight.
+FTOL, GTOL, MAX_ITER = 1e-15, 1e-12, 10_000
+
+
+@dataclass(frozen=True, kw_only=True)
+class Law:
+    """One scaling law: its variables and the names of its parameters."""
+
+    key: str
+    name: str
+    formula: str
+    variables: tuple[str, ...]
+    coefficients: tuple[str, ...]
+    exponents: tuple[str, ...]
+
+    @property
+    def parameters(self) -> tuple[str, ...]:
+        return ("E", *self.coefficients, *self.exponents)
+
+
+LAWS = {
+    "N": Law(key="N", name="L(N)", formula="E + A / N^alpha", variables=("N",), coefficients=("A",),
+             exponents=("alpha",)),
+    "C": Law(key="C", name="L(C)", formula="E + A / C^alpha", variables=("C",), coefficients=("A",),
+             exponents=("alpha",)),
+    "ND": Law(key="ND", name="L(N,D)", formula="E + A / N^alpha + B / D^beta", variables=("N", "D"),
+              coefficients=("A", "B"), exponents=("alpha", "beta")),
+}
+
+
+def law_named(key: str) -> Law:
+    """The law for ``N``, ``C`` or ``ND`` (case-insensitive)."""
+    law = LAWS.get(key.strip().upper())
+    if law is None:
+        raise ValueError(f"unknown law '{key}'; choose from {', '.join(LAWS)}")
+    return law
+
+
+@dataclass(frozen=True, kw_only=True)
+class Estimate:
+    """A value with its bootstrap interval (None without a bootstrap)."""
+
+    value: float
+    low: float | None = None
+    high: float | None = None
+
+    def to_dict(self) -> dict:
+        return {"value": _finite(self.value), "low": _finite(self.low), "high": _finite(self.high)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prediction:
+    """The law's loss at one point, with the confidence interval of the law
+    (``loss``) and the prediction interval of a new observation there."""
+
+    at: dict[str, float]
+    loss: Estimate
+    prediction_low: float | None
+    prediction_high: float | None
+    extrapolated: bool
+
+    def to_dict(self) -> dict:
+        return {"at": self.at, "loss": self.loss.to_dict(), "prediction_interval":
+                [_finite(self.prediction_low), _finite(self.prediction_high)], "extrapolated": self.extrapolated}
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class ScalingFit:
+    """One law fitted to one group of points.
+
+    ``theta`` is the optimum in log form (e, log coefficients, exponents);
+    ``draws`` [bootstrap, parameters] the bootstrap optima in the same form;
+    ``residuals`` the log residuals of the full fit; ``ranges`` each
+    variable's (min, max) in the data.
+    """
+
+    law: Law
+    group: str
+    points: int
+    theta: np.ndarray
+    draws: np.ndarray
+    residuals: np.ndarray
+    huber_loss: float
+    level: float
+    ranges: dict[str, tuple[float, float]]
+    starts: int
+    converged: bool
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def estimates(self) -> dict[str, Estimate]:
+        """E, A (B), alpha (beta) by name, each with its interval."""
+        values = _natural(self.theta[None, :])[0]
+        draws = _natural(self.draws) if len(self.draws) else None
+        out = {}
+        for i, name in enumerate(self.law.parameters):
+            low, high = _interval(draws[:, i], self.level) if draws is not None else (None, None)
+            out[name] = Estimate(value=float(values[i]), low=low, high=high)
+        return out
+
+    def predict(self, **at: float) -> Prediction:
+        """The loss at ``at`` (N=..., D=... or C=...; for L(N,D), C with N gives D = C / 6N)."""
+        at = _complete_point(self.law, at)
+        log_x = np.log([[at[v]] for v in self.law.variables])  # [variables, 1]
+        value = float(np.exp(_log_loss(self.theta, log_x))[0])
+        extrapolated = any(not lo <= at[v] <= hi for v, (lo, hi) in self.ranges.items())
+        if not len(self.draws):
+            return Prediction(at=at, loss=Estimate(value=value), prediction_low=None, prediction_high=None,
+                              extrapolated=extrapolated)
+        log_draws = np.array([_log_loss(theta, log_x)[0] for theta in self.draws])
+        noise = np.random.default_rng(0).choice(self.residuals, size=len(log_draws))
+        low, high = _interval(np.exp(log_draws), self.level)
+        prediction_low, prediction_high = _interval(np.exp(log_draws + noise), self.level)
+        return Prediction(at=at, loss=Estimate(value=value, low=low, high=high), prediction_low=prediction_low,
+                          prediction_high=prediction_high, extrapolated=extrapolated)
+
+    def to_dict(self) -> dict:
+        return {"group": self.group, "law": self.law.name, "formula": self.law.formula, "points": self.points,
+                "estimates": {k: v.to_dict() for k, v in self.estimates.items()}, "level": self.level,
+                "bootstrap": len(self.draws), "huber_loss": self.huber_loss, "starts": self.starts,
+                "converged": self.converged, "ranges": {k: list(v) for k, v in self.ranges.items()},
+                "notes": self.notes}
+
+
+def fit_law(variables: dict[str, Any], loss: Any, law: str | Law = "ND", *, group: str = "all",
+            bootstrap: int = 200, level: float = 0.95, seed: int = 0, grid: bool = True) -> ScalingFit:
+    """Fit ``law`` to positive ``variables`` (``{"N": ..., "D": ...}``) and ``loss`` (1-D arrays).
+
+    ``grid=False`` starts once from the middle of the grid instead of from
+    every grid point (for quick looks; the published numbers need the grid).
+    Raises a one-line ValueError when there are too few points or a variable
+    does not vary enough to identify the law.
+    """
+    law = law_named(law) if isinstance(law, str) else law
+    loss = np.asarray(loss, dtype=float)
+    log_x = np.log(np.stack([np.asarray(variables[v], dtype=float) for v in law.variables]))
+    _check_identifiable(law, group, log_x, loss)
+    objective = _HuberObjective(log_x, np.log(loss))
+    starts = list(_grid(law)) if grid else [_grid_middle(law)]
+    import scipy.optimize  # noqa: F401  (loaded before the limit below, which applies to loaded libraries)
+    from threadpoolctl import threadpool_limits
+
+    # L-BFGS works on 5x5 matrices; a threaded BLAS only spins on them (30x slower on a busy machine).
+    with threadpool_limits(limits=1, user_api="blas"):
+        results = [_minimise(objective, start) for start in starts]
+        best = min(results, key=lambda r: r.fun)
+        rng = np.random.default_rng(seed)
+        draws = []
+        for _ in range(bootstrap):
+            sample = rng.integers(0, len(loss), len(loss))
+            draws.append(_minimise(_HuberObjective(log_x[:, sample], np.log(loss[sample])), best.x).x)
+    residuals = np.log(loss) - _log_loss(best.x, log_x)
+    ranges = {v: (float(np.exp(row.min())), float(np.exp(row.max()))) for v, row in zip(law.variables, log_x)}
+    return ScalingFit(law=law, group=group, points=len(loss), theta=best.x,
+                      draws=np.array(draws).reshape(len(draws), len(best.x)), residuals=residuals,
+                      huber_loss=float(best.fun), level=level, ranges=ranges, starts=len(starts),
+                      converged=bool(best.success))
+
+
+def compute_multiplier(baseline: ScalingFit, other: ScalingFit, compute: float) -> dict:
+    """How many times ``compute`` the ``baseline`` family needs to reach the
+    loss ``other`` reaches with ``compute``, from two L(C) fits; above 1 means
+    ``other`` is more compute-efficient. The interval pairs bootstrap draws;
+    None where the baseline never reaches that loss (below its E)."""
+    for fit in (baseline, other):
+        if fit.law.key != "C":
+            raise ValueError(f"the compute multiplier needs L(C) fits, got {fit.law.name} for {fit.group}")
+
+    def multiplier(base_theta: np.ndarray, other_theta: np.ndarray) -> float:
+        target = float(np.exp(_log_loss(other_theta, np.log([[compute]])))[0])
+        e, log_a, alpha = base_theta
+        gap = target - np.exp(e)
+        return float(np.exp((log_a - np.log(gap)) / alpha) / compute) if gap > 0 and alpha > 0 else np.inf
+
+    value = multiplier(baseline.theta, other.theta)
+    count = min(len(baseline.draws), len(other.draws))
+    low = high = None
+    if count:
+        draws = np.array([multiplier(b, o) for b, o in zip(baseline.draws[:count], other.draws[:count])])
+        low, high = _interval(draws, min(baseline.level, other.level))
+    return {"baseline": baseline.group, "other": other.group, "compute": compute,
+            "multiplier": Estimate(value=value, low=low, high=high).to_dict(),
+            "meaning": f"{baseline.group} needs this many times the compute to reach the loss {other.group} "
+                       "reaches with it (above 1: the other is more compute-efficient)"}
+
+
+class _HuberObjective:
+    """Summed Huber loss between the law's log loss and the observed log loss, with its gradient."""
+
+    def __init__(self, log_x: np.ndarray, log_loss: np.ndarray, delta: float = HUBER_DELTA):
+        self.log_x, self.y, self.delta = log_x, log_loss, delta
+        self.k = log_x.shape[0]
+
+    def __call__(self, theta: np.ndarray) -> tuple[float, np.ndarray]:
+        k = self.k
+        terms = np.empty((k + 1, self.y.size))  # [terms, points]: e, then a_i - alpha_i log x_i
+        terms[0] = theta[0]
+        terms[1:] = theta[1:1 + k, None] - theta[1 + k:, None] * self.log_x
+        top = terms.max(axis=0)
+        weights = np.exp(terms - top)
+        total = weights.sum(axis=0)
+        residual = top + np.log(total) - self.y
+        # Huber's slope is the residual clipped to +-delta, and with it the loss is
+        # slope * (residual - slope / 2): r^2 / 2 inside, delta (|r| - delta / 2) outside.
+        slope = np.clip(residual, -self.delta, self.delta)
+        value = slope @ (residual - 0.5 * slope)
+        weights /= total  # softmax: d LSE / d term
+        grad = np.empty(1 + 2 * k)
+        grad[:1 + k] = weights @ slope
+        grad[1 + k:] = -(weights[1:] * self.log_x) @ slope
+        return float(value), grad
+
+
+def _minimise(objective: _HuberObjective, start: np.ndarray):
+    from scipy.optimize import minimize
+
+    return minimize(objective, np.asarray(start, dtype=float), jac=True, method="L-BFGS-B",
+                    options={"ftol": FTOL, "gtol": GTOL, "maxiter": MAX_ITER, "maxfun": 2 * MAX_ITER})
+
+
+def _log_loss(theta: np.ndarray, log_x: np.ndarray) -> np.ndarray:
+    k = log_x.shape[0]
+    terms = np.vstack([np.full((1, log_x.shape[1]), theta[0]), theta[1:1 + k, None] - theta[1 + k:, None] * log_x])
+    top = terms.max(axis=0)
+    return top + np.log(np.exp(terms - top).sum(axis=0))
+
+
+def _natural(thetas: np.ndarray) -> np.ndarray:
+    """Log form (e, log coefficients, exponents) -> (E, coefficients, exponents)."""
+    k = (thetas.shape[1] - 1) // 2
+    out = thetas.copy()
+    out[:, :1 + k] = np.exp(thetas[:, :1 + k])
+    return out
+
+
+def _grid(law: Law):
+    k = len(law.variables)
+    for e, *rest in itertools.product(GRID_LOG_E, *[GRID_LOG_COEFFICIENT] * k, *[GRID_EXPONENT] * k):
+        yield np.array([e, *rest])
+
+
+def _grid_middle(law: Law) -> np.ndarray:
+    k = len(law.variables)
+    return np.array([0.0, *[10.0] * k, *[0.5] * k])
+
+
+def _interval(draws: np.ndarray, level: float) -> tuple[float, float]:
+    # Unreachable multipliers are infinite; cap them so interpolation stays finite, then report None.
+    draws = np.nan_to_num(np.asarray(draws, dtype=float), nan=np.inf, posinf=np.finfo(float).max)
+    low, high = np.quantile(draws, [(1 - level) / 2, (1 + level) / 2])
+    return float(low), float(high)
+
+
+def _finite(value: float | None) -> float | None:
+    return None if value is None or not np.isfinite(value) or abs(value) >= np.finfo(float).max / 2 else value
+
+
+def _complete_point(law: Law, at: dict[str, float]) -> dict[str, float]:
+    at = {k: float(v) for k, v in at.items()}
+    if law.key == "ND" and "D" not in at and {"N", "C"} <= set(at):
+        at["D"] = at["C"] / (6 * at["N"])
+    missing = [v for v in law.variables if v not in at]
+    if missing:
+        raise ValueError(f"{law.name} needs {', '.join(missing)} to predict (give e.g. "
+                         f"{', '.join(f'{v}=1e9' for v in law.variables)})")
+    bad = [f"{v}={at[v]:g}" for v in law.variables if not at[v] > 0]
+    if bad:
+        raise ValueError(f"{law.name}: {', '.join(bad)}: must be positive")
+    return at
+
+
+def _check_identifiable(law: Law, group: str, log_x: np.ndarray, loss: np.ndarray) -> None:
+    where = f"{law.name} for {group}"
+    need = len(law.parameters) + 1
+    if loss.size < need:
+        raise ValueError(f"{where}: {loss.size} points, need at least {need} ({len(law.parameters)} parameters)")
+    if not (np.isfinite(log_x).all() and np.isfinite(loss).all() and (loss > 0).all()):
+        raise ValueError(f"{where}: values must be positive and finite")
+    for name, row in zip(law.variables, log_x):
+        distinct = np.unique(row).size
+        if distinct < 3:
+            raise ValueError(f"{where}: {name} takes {distinct} distinct value{'s' * (distinct != 1)}; "
+                             "the law needs at least 3")
+    design = np.vstack([np.ones(loss.size), log_x])
+    if np.linalg.matrix_rank(design.T) < design.shape[0]:
+        raise ValueError(f"{where}: the variables move together ({' and '.join(law.variables)} in a fixed "
+                         "ratio), so their exponents cannot be told apart")

@@ -1,0 +1,164 @@
+"""Scaling-law fits over result tables: per family or any grouping column. Torch-free.
+
+The variables come from columns: N from ``n_col``; D from ``d_col``, or
+D = C / (6 N) when only training FLOPs are given; C from ``c_col``, or
+``flops_per_token x D`` when the table has the store's ``flops_per_token``,
+or 6 N D otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from archsearch.analysis.fit import ScalingFit, compute_multiplier, fit_law, law_named
+from archsearch.analysis.pareto import Front, pareto, parse_objectives
+from archsearch.analysis.tables import as_table, decoded_rows, group_labels, numeric_column
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fits:
+    """Every fit of a table, and the (group, law) pairs that could not be fitted, with why."""
+
+    fits: list[ScalingFit]
+    skipped: list[dict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def get(self, group: str, law: str) -> ScalingFit:
+        """The fit of ``law`` (N, C, ND) for ``group``; a one-line ValueError names those there are."""
+        key = law_named(law).key
+        for fit in self.fits:
+            if fit.group == group and fit.law.key == key:
+                return fit
+        have = ", ".join(f"{f.group} {f.law.name}" for f in self.fits) or "none"
+        raise ValueError(f"no {law_named(law).name} fit for '{group}'; fitted: {have}")
+
+    def compute_multiplier(self, baseline: str, other: str, compute: float | None = None) -> dict:
+        """The effective-compute multiplier of ``other`` over ``baseline`` (see
+        ``fit.compute_multiplier``); at the largest compute both have reached by default."""
+        base, them = self.get(baseline, "C"), self.get(other, "C")
+        if compute is None:
+            compute = min(base.ranges["C"][1], them.ranges["C"][1])
+        return compute_multiplier(base, them, compute)
+
+    def to_dict(self) -> dict:
+        return {"fits": [f.to_dict() for f in self.fits], "skipped": self.skipped, "notes": self.notes}
+
+
+def fit_scaling(data: Any, *, laws: Sequence[str] = ("N", "C", "ND"), by: str | None = "family",
+                loss_col: str = "val_loss", n_col: str | None = "params", d_col: str | None = "tokens",
+                c_col: str | None = None, drop_highest: int = 0, bootstrap: int = 200, level: float = 0.95,
+                seed: int = 0, grid: bool = True) -> Fits:
+    """Fit each of ``laws`` to each group of ``data`` (any table; see ``tables.as_table``).
+
+    ``by`` is a column or a store axis (None: one group, ``all``);
+    ``drop_highest`` leaves out that many highest-loss points of each group
+    (as Besiroglu et al. did with Chinchilla's). Rows without a loss (trials
+    not finished) are left out. A group a law cannot be fitted to is listed
+    in ``skipped`` with the reason; a table none can be fitted to raises a
+    one-line ValueError.
+    """
+    table = as_table(data)
+    if not 0 < level < 1:
+        raise ValueError(f"level {level}: must be between 0 and 1, e.g. 0.95")
+    laws = [law_named(law) for law in laws]
+    columns, notes = _variables(table, n_col=n_col, d_col=d_col, c_col=c_col)
+    loss = numeric_column(table, loss_col)
+    labels = np.array(group_labels(table, by), dtype=object)
+    fits, skipped = [], []
+    for group in sorted(set(labels[np.isfinite(loss)])):
+        for law in laws:
+            try:
+                if any(v not in columns for v in law.variables):
+                    raise ValueError(f"{law.name} needs {_needs(law)}")
+                rows = _rows(labels == group, loss, [columns[v] for v in law.variables], drop_highest)
+                fits.append(fit_law({v: columns[v][rows] for v in law.variables}, loss[rows], law, group=group,
+                                    bootstrap=bootstrap, level=level, seed=seed, grid=grid))
+            except ValueError as err:
+                skipped.append({"group": group, "law": law.name, "reason": str(err)})
+    if not fits:
+        reasons = "; ".join(dict.fromkeys(s["reason"] for s in skipped)) or f"no rows with a {loss_col}"
+        raise ValueError(f"nothing to fit: {reasons}")
+    return Fits(fits=fits, skipped=skipped, notes=notes)
+
+
+def extrapolated_front(data: Any, objectives: str | Sequence[tuple[str, str]], scale: float, *,
+                       by: str | None = "family", n_col: str = "params", loss_col: str | None = None,
+                       bootstrap: int = 200, level: float = 0.95, seed: int = 0,
+                       reference: Sequence[float] | None = None) -> Front:
+    """The front at ``n_col = scale``, one row per group of ``by``.
+
+    Each group's ``loss_col`` (default: the first objective) is its L(N) fit's
+    prediction at ``scale``, with the confidence and prediction intervals;
+    the other objectives are those of the group's largest trial, and the
+    notes say so. ``Front.indices`` number these group rows.
+    """
+    objectives = parse_objectives(objectives) if isinstance(objectives, str) else list(objectives)
+    loss_col = loss_col or objectives[0][0]
+    if loss_col not in [c for c, _ in objectives]:
+        raise ValueError(f"the loss column '{loss_col}' is not one of the objectives")
+    if not scale > 0:
+        raise ValueError(f"extrapolate to {n_col}={scale:g}: the scale must be positive")
+    table = as_table(data)
+    fits = fit_scaling(table, laws=("N",), by=by, loss_col=loss_col, n_col=n_col, d_col=None,
+                       bootstrap=bootstrap, level=level, seed=seed)
+    labels, sizes = np.array(group_labels(table, by), dtype=object), numeric_column(table, n_col)
+    carried = [c for c, _ in objectives if c not in (loss_col, n_col)]
+    rows = []
+    for fit in fits.fits:
+        prediction = fit.predict(N=scale)
+        members = np.flatnonzero((labels == fit.group) & np.isfinite(sizes))
+        largest = decoded_rows(table.take([int(members[np.argmax(sizes[members])])]))[0]
+        rows.append({by or "group": fit.group, loss_col: prediction.loss.value, n_col: scale,
+                     "interval": [prediction.loss.low, prediction.loss.high],
+                     "prediction_interval": [prediction.prediction_low, prediction.prediction_high],
+                     "extrapolated": prediction.extrapolated, "carried_from": largest.get("trial_id"),
+                     **{c: largest.get(c) for c in carried}})
+    notes = [f"{loss_col} predicted at {n_col}={scale:g} from each {by or 'group'}'s L(N) fit "
+             f"({level:.0%} intervals)"]
+    if carried:
+        notes.append(f"{', '.join(carried)} taken from each {by or 'group'}'s largest trial")
+    notes += [f"{s['group']}: {s['reason']}" for s in fits.skipped]
+    front = pareto(rows, objectives, reference=reference, matched="achieved")
+    return replace(front, notes=notes + front.notes)
+
+
+def _rows(in_group: np.ndarray, loss: np.ndarray, variables: list[np.ndarray], drop_highest: int) -> np.ndarray:
+    """The group's rows with a loss and every variable, less the ``drop_highest`` highest losses."""
+    usable = in_group & np.isfinite(loss)
+    for values in variables:
+        usable &= np.isfinite(values)
+    rows = np.flatnonzero(usable)
+    bad = rows[(loss[rows] <= 0) | np.any([v[rows] <= 0 for v in variables], axis=0)]
+    if len(bad):
+        raise ValueError(f"rows {', '.join(map(str, bad[:5]))}{' ...' if len(bad) > 5 else ''}: losses and "
+                         "scales must be positive")
+    if drop_highest:
+        rows = rows[np.argsort(loss[rows], kind="stable")][:max(len(rows) - drop_highest, 0)]
+    return np.sort(rows)
+
+
+def _variables(table, *, n_col: str | None, d_col: str | None, c_col: str | None) -> tuple[dict, list[str]]:
+    columns, notes = {}, []
+    for variable, name in (("N", n_col), ("D", d_col), ("C", c_col)):
+        if name is not None:
+            columns[variable] = numeric_column(table, name)
+    if "D" not in columns and {"N", "C"} <= set(columns):
+        columns["D"] = columns["C"] / (6 * columns["N"])
+        notes.append(f"tokens D = {c_col} / (6 {n_col})")
+    if "C" not in columns and "D" in columns:
+        if "flops_per_token" in table.column_names:
+            columns["C"] = numeric_column(table, "flops_per_token") * columns["D"]
+            notes.append(f"training compute C = flops_per_token x {d_col}")
+        elif "N" in columns:
+            columns["C"] = 6 * columns["N"] * columns["D"]
+            notes.append(f"training compute C = 6 {n_col} {d_col}")
+    return columns, notes
+
+
+def _needs(law) -> str:
+    return {"N": "a parameter count column (--n-col)", "C": "tokens or training FLOPs (--d-col or --flops-col)",
+            "ND": "parameter counts and tokens or training FLOPs (--n-col, --d-col or --flops-col)"}[law.key]

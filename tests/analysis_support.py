@@ -1,0 +1,63 @@
+"""For the analysis tests: a store of finished trials whose losses follow known
+scaling laws, and the CLI's one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+from typer.testing import CliRunner
+
+import archsearch as A
+from archsearch.cli import app
+
+# family -> (E, A, alpha) of L(N) = E + A / N^alpha
+LAWS = {"transformer": (1.5, 40.0, 0.30), "mamba": (1.4, 60.0, 0.32)}
+SIZES = [2e5, 5e5, 1e6, 2e6, 5e6, 1e7, 2e7]
+
+
+def law_loss(family: str, n: float) -> float:
+    e, a, alpha = LAWS[family]
+    return e + a * n**-alpha
+
+
+def write_store(path: Path, *, noise: float = 0.003, seed: int = 0, trials: list[dict] | None = None) -> Path:
+    """One completed trial per family and size (or the given ``trials``: family,
+    params, achieved, target, val_loss, tokens_per_s). Losses carry a little
+    multiplicative noise; each trial trains on 20 tokens per parameter."""
+    rng = np.random.default_rng(seed)
+    if trials is None:
+        trials = [dict(family=f, params=int(n), achieved=float(int(n)), target=float(n),
+                       val_loss=law_loss(f, n) * (1 + noise * rng.standard_normal()), tokens_per_s=1e9 / n)
+                  for f in LAWS for n in SIZES]
+    with A.open_store(path) as store:
+        store.add_study(name="scaling", path="scaling.yaml", config={"budget": {"tolerance": 0.05}})
+        rows = [dict(trial_id=f"t{i}", spec={"family": t["family"], "layers": [{"mlp_width": 8}]},
+                     axes={"family": t["family"], "taper": "cosine" if i % 2 else "uniform"}, seed=0,
+                     match="params", target=t["target"], achieved=t["achieved"], params=t["params"],
+                     total_params=t["params"] + 1000, flops_per_token=6.0 * t["params"],
+                     match_error=t["achieved"] / t["target"] - 1, d_model=16, num_layers=2,
+                     recipe={"steps": 1, "lr": 1e-3}, data={"kind": "text"}) for i, t in enumerate(trials)]
+        store.add_trials("scaling", rows)
+        for i, t in enumerate(trials):
+            store.finish(f"t{i}", dict(train_loss=t["val_loss"], val_loss=t["val_loss"], val_accuracy=0.5,
+                                       steps=10, tokens=20 * t["params"], wall_time_s=1.0,
+                                       tokens_per_s=t["tokens_per_s"], curve=[]))
+    return path
+
+
+def one_line_error(*args: str) -> str:
+    """Run the CLI, expect exit 2 and a single line; return that line."""
+    result = CliRunner().invoke(app, list(args))
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1, result.output
+    return lines[0]
+
+
+def cli_json(*args: str) -> dict:
+    """Run the CLI with ``--json``; expect success and return the parsed output."""
+    result = CliRunner().invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output)
