@@ -32,9 +32,17 @@ def as_table(data: Any) -> pa.Table:
     if type(data).__module__.split(".")[0] == "pandas":
         return pa.Table.from_pandas(data, preserve_index=False)
     if hasattr(data, "__arrow_c_stream__"):  # polars and any other Arrow-speaking frame
-        return pa.table(data)
+        return _plain_strings(pa.table(data))
     raise TypeError(f"cannot read a table from {type(data).__name__}; give an Arrow table, a DataFrame, "
                     "a list of row dicts or a dict of columns")
+
+
+def _plain_strings(table: pa.Table) -> pa.Table:
+    """Views (polars hands strings over as string_view) as plain strings, which
+    every Arrow compute kernel takes."""
+    schema = pa.schema([field.with_type(pa.large_string()) if pa.types.is_string_view(field.type) else field
+                        for field in table.schema])
+    return table.cast(schema) if schema != table.schema else table
 
 
 def read_csv(path: str | Path) -> pa.Table:
