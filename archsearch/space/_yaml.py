@@ -62,6 +62,27 @@ def read_yaml(path: str | Path) -> tuple[Any, Lines]:
         loader.dispose()
 
 
+def read_value(text: str, *, where: str) -> Any:
+    """One value written on a command line (``--set recipe.steps=50``), read as
+    the same YAML a file would hold: ``[a, b]`` a list, ``50`` a number,
+    ``"50"`` text. ``where`` names it in errors."""
+    if len(text) > MAX_FILE_BYTES:
+        raise SpecError(f"value is longer than {MAX_FILE_BYTES:,} characters", path=where)
+    try:
+        loader = _Loader(text, where)
+    except yaml.YAMLError as err:
+        raise SpecError(f"not a YAML value: {str(err).splitlines()[0]}", path=where) from None
+    try:
+        node = loader.get_single_node()
+        return None if node is None else _Walker(loader, where).value(node, ())
+    except yaml.YAMLError as err:
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise SpecError(f"not a YAML value: {problem}", path=where,
+                        hint="quote text with spaces or colons; write lists as [a, b]") from None
+    finally:
+        loader.dispose()
+
+
 def _read_text(path: Path) -> str:
     try:
         data = read_head(path, MAX_FILE_BYTES + 1)

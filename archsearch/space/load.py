@@ -7,6 +7,8 @@ Pydantic does the type checking; this module turns its errors into a
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,7 +17,7 @@ from pydantic import BaseModel, ValidationError
 
 from archsearch.errors import SpecError, did_you_mean
 from archsearch.files import kind_problem
-from archsearch.space._yaml import read_yaml
+from archsearch.space._yaml import read_value, read_yaml
 from archsearch.space.schema import Space, Study
 
 MAX_INCLUDE_DEPTH = 8
@@ -47,12 +49,52 @@ class Origin:
         return SpecError(message, path=path, line=line, field=field, hint=hint)
 
 
-def load_study(path: str | Path) -> Study:
+@dataclass(frozen=True)
+class Override:
+    """``--set KEY=VALUE``: a dotted key of the study and a YAML value."""
+
+    keys: tuple[str, ...]
+    value: Any
+    text: str
+
+    @property
+    def where(self) -> str:
+        return f"--set {self.text}"
+
+
+def parse_override(text: str) -> Override:
+    """``recipe.steps=50`` -> Override(("recipe", "steps"), 50). Paths given
+    on the command line (``data.paths``, ``data.cache_dir``, ``space``) are
+    taken relative to the current folder, as a shell user means them."""
+    key, sep, raw = text.partition("=")
+    if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", key.strip()):
+        raise SpecError(f"--set takes KEY=VALUE with a dotted key, got {text[:80]!r}", path="--set",
+                        hint="for example --set recipe.steps=50 or --set data.paths=[corpus/]")
+    keys = tuple(key.strip().split("."))
+    value = read_value(raw, where=f"--set {text}")
+    if keys in (("data", "paths"), ("data", "cache_dir"), ("space",)):
+        value = _absolute(value)
+    return Override(keys, value, text)
+
+
+def _absolute(value: Any) -> Any:
+    if isinstance(value, str):
+        return str(Path(value).expanduser().resolve())
+    if isinstance(value, list):
+        return [_absolute(v) for v in value]
+    return value
+
+
+def load_study(path: str | Path, *, overrides: Sequence[str] = ()) -> Study:
     """Read, validate and resolve a study file; its space is loaded too.
 
+    ``overrides`` are ``KEY=VALUE`` texts (``--set``), applied on top of the
+    file before anything is checked, so they are validated like the file and
+    an error names the override. A ``space.`` key reaches into a space file.
     Raises ``SpecError`` naming file, line and field on any problem.
     """
-    study = _load(Study, path)
+    parsed = [parse_override(text) for text in overrides]
+    study = _load(Study, path, overrides=parsed)
     if isinstance(study.space, str):
         space_path = Path(path).parent / study.space
         problem = kind_problem(space_path)
@@ -60,7 +102,8 @@ def load_study(path: str | Path) -> Study:
             problem = "not found" if problem == "does not exist" else problem
             raise study._origin.error(f"space file '{study.space}' {problem} (looked at {space_path})",
                                       loc=("space",), hint="paths are relative to the study file; name a .yaml file")
-        space = _load(Space, space_path)
+        space = _load(Space, space_path, overrides=[Override(o.keys[1:], o.value, o.text) for o in parsed
+                                                     if o.keys[0] == "space" and len(o.keys) > 1])
     else:
         space = study.space
         space._origin = Origin(study._origin.path, study._origin.lines, prefix=("space",))
@@ -139,6 +182,22 @@ def read_with_includes(path: str | Path, *, chain: tuple[str, ...] = (),
     return merged, merged_where
 
 
+def _apply(data: dict, lines: dict, override: Override) -> None:
+    """Set ``override`` into the read tree; every path under it now points at the override."""
+    node = data
+    for depth, key in enumerate(override.keys[:-1]):
+        if not isinstance(node.get(key), dict):
+            if key in node and node[key] is not None:
+                raise SpecError(f"'{'.'.join(override.keys[:depth + 1])}' is not a section, so "
+                                f"'{'.'.join(override.keys)}' cannot be set", path=override.where)
+            node[key] = {}
+        node = node[key]
+    node[override.keys[-1]] = override.value
+    for loc in [loc for loc in lines if loc[:len(override.keys)] == override.keys]:
+        del lines[loc]
+    lines[override.keys] = (override.where, None)
+
+
 def _merge(base: dict, over: dict) -> dict:
     out = dict(base)
     for key, value in over.items():
@@ -146,12 +205,16 @@ def _merge(base: dict, over: dict) -> dict:
     return out
 
 
-def _load(model: type[BaseModel], path: str | Path) -> Any:
+def _load(model: type[BaseModel], path: str | Path, *, overrides: Sequence[Override] = ()) -> Any:
     data, lines = read_with_includes(path)
     origin = Origin(str(path), lines)
     if not isinstance(data, dict):
         raise origin.error(f"expected a mapping of keys at the top, got {type(data).__name__}",
                            loc=(), hint="see `archsearch schema` for the expected keys")
+    for override in overrides:
+        if override.keys[0] == "space" and len(override.keys) > 1 and isinstance(data.get("space"), str):
+            continue  # a key of the space file: applied when that file is read
+        _apply(data, lines, override)
     try:
         value = model.model_validate(data)
     except ValidationError as err:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
 BYTE_VOCAB = 256
 DEFAULT_BPE_VOCAB = 8192
@@ -107,7 +107,15 @@ class TaskData(Strict):
     params: dict[str, Any] = Field(default_factory=dict, description="the task's own fields (seq_len, ...)")
 
 
-Part = Annotated[Union[TextData, MqarData, TaskData], Field(discriminator="kind")]
+def _kind(value: Any) -> str | None:
+    """A data section's kind; one written without ``kind:`` is text (the default data)."""
+    if isinstance(value, dict):
+        return value.get("kind", "text")
+    return getattr(value, "kind", None)
+
+
+Part = Annotated[Union[Annotated[TextData, Tag("text")], Annotated[MqarData, Tag("mqar")],
+                       Annotated[TaskData, Tag("task")]], Discriminator(_kind)]
 
 
 class MixPart(Strict):
@@ -124,7 +132,8 @@ class MixData(Strict):
     sources: list[MixPart] = Field(min_length=1)
 
 
-Data = Annotated[Union[TextData, MqarData, TaskData, MixData], Field(discriminator="kind")]
+Data = Annotated[Union[Annotated[TextData, Tag("text")], Annotated[MqarData, Tag("mqar")],
+                       Annotated[TaskData, Tag("task")], Annotated[MixData, Tag("mix")]], Discriminator(_kind)]
 
 
 class LrSweep(Strict):
