@@ -21,20 +21,10 @@ from typer.testing import CliRunner
 
 import archsearch as A
 from archsearch.cli import app
+from tests.conftest import TINY_SPACE
 
-SPACE = """\
-name: tiny
-axes:
-  family: transformer
-  num_layers: 2
-  taper:
-    shape: [uniform, cosine, reverse]
-    ratio: 3.0
-derived:
-  note: "'[/bold]'"       # rich markup in a value once crashed every table
-model:
-  head_dim: 8
-"""
+# rich markup in a value once crashed every table
+SPACE = TINY_SPACE.replace("model:", "derived:\n  note: \"'[/bold]'\"\nmodel:")
 
 
 def write_study(folder: Path, *, steps: int = 2, eval_every: int = 1, max_parallel: int = 2) -> Path:
