@@ -74,12 +74,12 @@ def _axis_cells(axes: list[dict], names: list[str], *, wide: bool) -> tuple[list
     are mostly narrower than ``taper.shape``."""
     if wide or all(n in row for row in axes for n in names):
         headers = names if wide else [n.replace(".", ".\n") for n in names]
-        return headers, [[_fmt(row.get(n)) for n in names] for row in axes]
-    return ["axes"], [[" ".join(f"{n}={_fmt(row[n])}" for n in names if n in row)] for row in axes]
+        return headers, [[_axis(row.get(n)) for n in names] for row in axes]
+    return ["axes"], [[" ".join(f"{n}={_axis(row[n])}" for n in names if n in row)] for row in axes]
 
 
 def _shared_line(shared: dict) -> str | None:
-    return "same in every row: " + ", ".join(f"{k}={_fmt(v)}" for k, v in shared.items()) if shared else None
+    return "same in every row: " + ", ".join(f"{k}={_axis(v)}" for k, v in shared.items()) if shared else None
 
 
 def plan_table(trials: list, *, layers: bool = False, wide: bool = False) -> None:
@@ -153,7 +153,7 @@ def run_summary(summary, *, store: Path, report: Path) -> None:
                       style="red")
             return
         best = min(rows, key=lambda r: r["val_loss"])
-        axes = ", ".join(f"{k}={_fmt(v)}" for k, v in best["axes"].items())
+        axes = ", ".join(f"{k}={_axis(v)}" for k, v in best["axes"].items())
         out.print(f"best trial {plain(best['trial_id'])}: val_loss {best['val_loss']:.4f} at "
                   f"{best['params']:,} non-embedding params ({axes})")
         front_table(pareto_front(rows, DEFAULT_OBJECTIVES), ["val_loss", "params"])
@@ -210,9 +210,15 @@ def _print(out: Console, table: Table, *, wide: bool, note: str | None = None) -
         out.print(plain(note))
 
 
+def _axis(value) -> str:
+    """An axis value as the user wrote it (``3.0``, ``1e-05``), numbers without separators."""
+    return plain(value) if isinstance(value, float) else _fmt(value)
+
+
 def _fmt(value) -> str:
     """One cell: integers and numbers from 1,000 up with thousands
-    separators, smaller floats to 4 significant digits, text ``plain``."""
+    separators, smaller floats to 4 significant digits (zeros kept, so a
+    column's digits line up), text ``plain``."""
     if value is None:
         return "-"
     if isinstance(value, bool):
@@ -220,5 +226,5 @@ def _fmt(value) -> str:
     if isinstance(value, int):
         return f"{value:,}"
     if isinstance(value, float):
-        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:#.4g}"
     return plain(value)

@@ -151,7 +151,7 @@ def test_status_tables_are_whole_and_name_the_failure(store, trials, capsys, mon
                                              "val_loss", "tokens/s"]
     for t in trials:
         row = next(line for line in lines if line.startswith(t.trial_id)).split()
-        assert row[1:4] == [t.axes["taper.shape"], terminal._fmt(t.axes["taper.ratio"]), f"{t.params:,}"]
+        assert row[1:4] == [t.axes["taper.shape"], str(t.axes["taper.ratio"]), f"{t.params:,}"]
     # one format for every throughput: thousands separators from 1,000 up
     assert "5,738" in out and "12,742" in out and "987.6" in out
     assert f"trial {trials[3].trial_id} failed: ValueError: [red]boom" in out
@@ -171,7 +171,7 @@ def test_front_table_lists_only_the_axes_that_differ(capsys, monkeypatch):
     out = printed(capsys, monkeypatch, 80, terminal.front_table, front, ["val_loss", "params"])
     _fits(out, 80)
     assert header(out, "Pareto front") == ["trial", "loops", "val_loss", "params"]
-    assert next(line for line in out.splitlines() if line.startswith("b")).split() == ["b", "4", "2.25", "54,321"]
+    assert next(line for line in out.splitlines() if line.startswith("b")).split() == ["b", "4", "2.250", "54,321"]
     assert "same in every row: family=gdn" in out
 
 
@@ -188,5 +188,6 @@ def test_run_summary_names_the_best_trial_and_writes_the_report(store, trials, t
 
 
 def test_numbers_have_one_format():
-    assert [terminal._fmt(v) for v in (5738.4, 12742, 987.64, 0.5, None, True, 1e12)] == [
-        "5,738", "12,742", "987.6", "0.5", "-", "yes", "1,000,000,000,000"]
+    assert [terminal._fmt(v) for v in (5738.4, 12742, 987.64, 1.79, None, True, 1e12)] == [
+        "5,738", "12,742", "987.6", "1.790", "-", "yes", "1,000,000,000,000"]
+    assert [terminal._axis(v) for v in (3.0, 1e-05, 4, "cosine")] == ["3.0", "1e-05", "4", "cosine"]
