@@ -114,7 +114,7 @@ def layer_table(trial) -> Table:
 
     spec = trial.spec
     table = _table(f"trial {trial.trial_id}: d_model={spec.d_model}, heads={spec.num_heads}",
-                   ["layer", "mixer", "mlp", "MLP width", "params"])
+                   ["layer", "mixer", "mlp", "MLP width", "params"], text=("mixer", "mlp"))
     for i, layer in enumerate(spec.layers):
         table.add_row(str(i), _fmt(layer.mixer), _fmt(layer.mlp), _fmt(layer.mlp_width),
                       _fmt(layer_params(spec, layer)))
