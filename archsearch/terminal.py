@@ -46,7 +46,8 @@ def _table(title: str, columns: list[str], *, text: tuple = ("trial",)) -> Table
                   pad_edge=False, show_edge=False)
     for name in columns:
         # fold rather than cut a value that does not fit
-        table.add_column("\n".join(map(plain, name.split("\n"))), justify="left" if name in text else "right", overflow="fold")
+        table.add_column("\n".join(map(plain, name.split("\n"))), justify="left" if name in text else "right",
+                         overflow="fold")
     return table
 
 
