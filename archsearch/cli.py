@@ -5,29 +5,48 @@ from __future__ import annotations
 
 import functools
 import json
+import shlex
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
+# Plain click help: rich help labels every flag `<bool>`.
 app = typer.Typer(help="Declarative architecture search and scaling studies for language models.",
-                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                  rich_markup_mode=None)
 
 StudyArg = Annotated[Path, typer.Argument(help="study YAML file")]
 StoreOpt = Annotated[Path, typer.Option("--store", help="results store (DuckDB file)")]
 StudyOpt = Annotated[Optional[str], typer.Option("--study", help="only this study (default: all)")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")]
+WideOpt = Annotated[bool, typer.Option("--wide", help="every column (default: the ones that fit 80 columns)")]
 AddressOpt = Annotated[Optional[str], typer.Option(help="Ray cluster address; default: embedded local Ray")]
 MaxParallelOpt = Annotated[Optional[int], typer.Option(help="trials at once (default: the study's, else CPUs)")]
-ReportOpt = Annotated[Optional[Path], typer.Option(help="report path (default reports/STUDY.html)")]
+ReportOpt = Annotated[Optional[Path], typer.Option(help="report path [default: reports/STUDY.html]")]
 ProgressOpt = Annotated[bool, typer.Option(help="show the progress bar (on a terminal)")]
 DEFAULT_STORE = Path("archsearch.duckdb")
 
 
 def _fail(message: str, code: int) -> None:
-    typer.echo(f"error: {message}", err=True)
+    from archsearch.terminal import plain
+
+    typer.echo(f"error: {plain(message)}", err=True)
     raise typer.Exit(code)
+
+
+@contextmanager
+def _writing(path: Path, what: str):
+    """A file or folder the user named that cannot be written: one line, exit 2."""
+    import duckdb
+
+    try:
+        yield
+    except (OSError, duckdb.IOException) as err:
+        reason = getattr(err, "strerror", None) or str(err).splitlines()[0]
+        _fail(f"cannot write {what} {path}: {reason}; choose another path", 2)
 
 
 def user_errors(command):
@@ -44,16 +63,30 @@ def user_errors(command):
         except ValueError as err:
             _fail(str(err), 2)
         except KeyboardInterrupt:
-            _fail("interrupted; finished trials are saved, run `archsearch resume STUDY` to continue", 130)
+            _fail("interrupted", 130)
 
     return wrapper
 
 
+def _version(value: bool) -> None:
+    if value:
+        from archsearch.store.duck import code_version
+
+        typer.echo(f"archsearch {code_version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                               help="print the version and exit")] = False):
+    """Options before any command (the app's help text is the Typer's)."""
+
+
 @app.command()
 @user_errors
-def plan(study: StudyArg, as_json: JsonOpt = False,
+def plan(study: StudyArg, as_json: JsonOpt = False, wide: WideOpt = False,
          layers: Annotated[bool, typer.Option("--layers", help="show each trial's per-layer plan")] = False):
-    """Every trial the study would run, with solved widths; trains nothing."""
+    """Every trial the study would run, widths solved; trains nothing."""
     import archsearch as A
 
     trials = A.plan(A.load_study(study))
@@ -62,7 +95,7 @@ def plan(study: StudyArg, as_json: JsonOpt = False,
         return
     from archsearch.terminal import plan_table
 
-    plan_table(trials, layers=layers)
+    plan_table(trials, layers=layers, wide=wide)
 
 
 @app.command()
@@ -78,7 +111,7 @@ def run(study: StudyArg, store: StoreOpt = DEFAULT_STORE, address: AddressOpt = 
 @user_errors
 def resume(study: StudyArg, store: StoreOpt = DEFAULT_STORE, address: AddressOpt = None,
            max_parallel: MaxParallelOpt = None, report: ReportOpt = None, progress: ProgressOpt = True):
-    """Continue an interrupted study; finished trials are not trained again."""
+    """Continue an interrupted study; finished trials are skipped."""
     _run(study, store=store, address=address, max_parallel=max_parallel, report=report, progress=progress,
          resume=True)
 
@@ -95,22 +128,38 @@ def _run(study_path: Path, *, store: Path, address, max_parallel, report, progre
         with A.open_store(store, read_only=True) as db:
             if study.name not in db.studies().column("name").to_pylist():
                 raise StoreError(f"study '{study.name}' is not in {store}; start it with `archsearch run`")
-    summary = run_study(study, store=store, address=address, max_parallel=max_parallel,
-                        show_progress=progress and sys.stderr.isatty())
+    with _writing(store.parent, "the store's folder"):
+        store.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        summary = run_study(study, store=store, address=address, max_parallel=max_parallel,
+                            show_progress=progress and sys.stderr.isatty())
+    except KeyboardInterrupt:
+        again = ["archsearch", "resume", str(study_path), "--store", str(store)]
+        for flag, value in (("--address", address), ("--max-parallel", max_parallel), ("--report", report)):
+            again += [flag, str(value)] if value is not None else []
+        _fail(f"interrupted; finished trials are saved, continue with: {shlex.join(again)}", 130)
     from archsearch.terminal import run_summary
 
-    run_summary(summary, store=store, report=report or Path("reports") / f"{study.name}.html")
+    report = report or _default_report(study.name)
+    with _writing(report, "the report"):
+        run_summary(summary, store=store, report=report)
+
+
+def _default_report(study: str | None) -> Path:
+    """``reports/STUDY.html`` for ``run`` and ``report`` alike (``reports/all.html`` for several studies)."""
+    return Path("reports") / f"{study or 'all'}.html"
 
 
 @app.command()
 @user_errors
-def status(store: StoreOpt = DEFAULT_STORE, study: StudyOpt = None, as_json: JsonOpt = False):
+def status(store: StoreOpt = DEFAULT_STORE, study: StudyOpt = None, as_json: JsonOpt = False,
+           wide: WideOpt = False):
     """Studies and trials in a store."""
     import archsearch as A
     from archsearch.terminal import status_tables
 
     with A.open_store(store, read_only=True) as db:
-        status_tables(db, study=study, as_json=as_json)
+        status_tables(db, study=study, as_json=as_json, wide=wide)
 
 
 app.command("ls", help="Studies and trials in a store (same as status).")(status)
@@ -154,7 +203,7 @@ def pareto(objectives: Annotated[str, typer.Option(help="columns with directions
     if as_json:
         typer.echo(json.dumps(front.to_dict(), indent=2, default=str))
         return
-    from archsearch.terminal import front_table
+    from archsearch.terminal import front_table, lines
 
     names = [c for c, _ in goals]
     if front.rows and "trial_id" not in front.rows[0]:  # CSV rows by number, extrapolated rows by group
@@ -163,11 +212,11 @@ def pareto(objectives: Annotated[str, typer.Option(help="columns with directions
         front_table(rows, [first, *names])
     else:
         front_table(front.rows, names)
-    for note in front.notes:
-        typer.echo(f"note: {note}")
+    said = [f"note: {note}" for note in front.notes]
     if front.hypervolume is not None:
-        typer.echo(f"hypervolume {front.hypervolume:.6g} ({front.hypervolume_fraction or 0:.1%} of the box up to "
-                   f"the reference {', '.join(f'{v:.6g}' for v in front.reference)})")
+        said.append(f"hypervolume {front.hypervolume:.6g} ({front.hypervolume_fraction or 0:.1%} of the box up to "
+                    f"the reference {', '.join(f'{v:.6g}' for v in front.reference)})")
+    lines(said)
 
 
 @app.command()
@@ -245,7 +294,8 @@ def _with_d(point: dict) -> set[str]:
 
 @app.command()
 @user_errors
-def report(output: Annotated[Path, typer.Option("-o", "--output", help="HTML file to write")] = Path("report.html"),
+def report(output: Annotated[Optional[Path], typer.Option(
+               "-o", "--output", help="HTML file to write [default: reports/STUDY.html, as run writes]")] = None,
            store: StoreOpt = DEFAULT_STORE, study: StudyOpt = None):
     """A self-contained interactive HTML report."""
     from archsearch_dashboards.report import write_report
@@ -253,7 +303,10 @@ def report(output: Annotated[Path, typer.Option("-o", "--output", help="HTML fil
     import archsearch as A
 
     with A.open_store(store, read_only=True) as db:
-        path = write_report(db, output, study=study)
+        names = db.studies().column("name").to_pylist()
+        output = output or _default_report(study or (names[0] if len(names) == 1 else None))
+        with _writing(output, "the report"):
+            path = write_report(db, output, study=study)
     typer.echo(f"report: {path}")
 
 
@@ -264,7 +317,7 @@ def export(parquet: Annotated[Path, typer.Option("--parquet", help="folder to wr
     """The store as Parquet files."""
     import archsearch as A
 
-    with A.open_store(store, read_only=True) as db:
+    with A.open_store(store, read_only=True) as db, _writing(parquet, "Parquet files to"):
         for path in db.export_parquet(parquet):
             typer.echo(path)
 

@@ -1,94 +1,170 @@
-"""What the command line prints: rich tables of plans, fronts and stores."""
+"""What the command line prints: rich tables of plans, fronts and stores.
+
+The console reads no markup and no emoji codes, so a value a user wrote (axis
+values, study names, paths, error text) prints as written, and every value
+goes through ``plain`` so control characters never reach the terminal.
+Tables show by default the columns that fit 80 columns: axes whose value is
+the same in every row move to a line below, and the rest of the columns come
+with ``wide=True`` (``--wide``).
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import sys
 from pathlib import Path
 
+from rich import box
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
-# Piped output keeps whole rows instead of squeezing tables to 80 columns.
-console = Console(width=None if sys.stdout.isatty() else 240)
+# C0/C1 control characters (ESC starts every ANSI sequence) and the bidi
+# overrides that reorder what a terminal shows.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
-def plan_table(trials: list, *, layers: bool = False) -> None:
-    """One row per planned trial: family, other axes, widths, measures, match error."""
-    table = Table(title=f"{len(trials)} planned trials", header_style="bold")
-    for name in ["trial", "family", "axes", "seed", "match", "target", "achieved", "error", "params", "d_model",
-                 "MLP widths", "FLOPs/token", "state"]:
-        table.add_column(name, justify="left" if name == "axes" else "right")
-    for t in trials:
-        axes = " ".join(f"{k}={v}" for k, v in t.axes.items() if k != "family")
-        widths = ",".join(str(w) for w in t.spec.mlp_widths)
-        table.add_row(t.trial_id, t.spec.family, axes, str(t.seed), t.match, _fmt(t.target), _fmt(t.achieved),
-                      f"{t.match_error:+.2%}", f"{t.params:,}", str(t.spec.d_model), widths,
-                      f"{t.flops_per_token:.3g}", _fmt(t.state))
-    console.print(table)
+def console(*, width: int | None = None) -> Console:
+    """A console on stdout, ``width`` columns wide. By default piped output
+    keeps whole rows (240 columns) unless ``COLUMNS`` says otherwise, and a
+    terminal uses its own width."""
+    if width is None and not (sys.stdout.isatty() or os.environ.get("COLUMNS")):
+        width = 240
+    return Console(width=width, markup=False, emoji=False, highlight=False)
+
+
+def plain(text: object) -> str:
+    """``text`` with control characters written out as ``\\xNN``: safe to print anywhere."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(text))
+
+
+def _table(title: str, columns: list[str], *, text: tuple = ("trial",)) -> Table:
+    """A borderless table; the ``text`` columns left-aligned, numbers right."""
+    table = Table(title=plain(title), header_style="bold", box=box.SIMPLE_HEAD,
+                  pad_edge=False, show_edge=False)
+    for name in columns:
+        # fold rather than cut a value that does not fit
+        table.add_column("\n".join(map(plain, name.split("\n"))), justify="left" if name in text else "right",
+                         overflow="fold")
+    return table
+
+
+def split_axes(axes: list[dict]) -> tuple[list[str], dict]:
+    """The axis names whose value differs between ``axes`` (first-seen order),
+    and the values shared by every row, of the rest."""
+    values: dict[str, set] = {}
+    for row in axes:
+        for name, value in row.items():
+            values.setdefault(name, set()).add(json.dumps(value, sort_keys=True, default=str))
+    varying = [n for n, v in values.items() if len(v) > 1 or any(n not in row for row in axes)]
+    shared = {n: axes[0][n] for n in values if n not in varying} if axes else {}
+    return varying, shared
+
+
+def _all_names(axes: list[dict]) -> list[str]:
+    return list(dict.fromkeys(name for row in axes for name in row))
+
+
+def _axis_cells(axes: list[dict], names: list[str], *, wide: bool) -> tuple[list[str], list[list[str]]]:
+    """Column names and each row's cells for ``names``: a column per axis
+    when every row has them all (or ``wide``), else one ``axes`` column of
+    the ``name=value`` pairs a row has (conditional axes leave most empty).
+    Unless ``wide``, a dotted name is a header of one line per part: values
+    are mostly narrower than ``taper.shape``."""
+    if wide or all(n in row for row in axes for n in names):
+        headers = names if wide else [n.replace(".", ".\n") for n in names]
+        return headers, [[_axis(row.get(n)) for n in names] for row in axes]
+    return ["axes"], [[" ".join(f"{n}={_axis(row[n])}" for n in names if n in row)] for row in axes]
+
+
+def _shared_line(shared: dict) -> str | None:
+    return "same in every row: " + ", ".join(f"{k}={_axis(v)}" for k, v in shared.items()) if shared else None
+
+
+def plan_table(trials: list, *, layers: bool = False, wide: bool = False) -> None:
+    """One row per planned trial: the axes that differ, params, match error,
+    FLOPs/token (and state when matched on it); ``wide`` adds every axis,
+    seed, target, achieved, d_model and MLP widths."""
+    rows = [{**t.axes, "seed": t.seed} for t in trials]
+    varying, shared = split_axes(rows)
+    axes, axis_cells = _axis_cells(rows, _all_names(rows) if wide else varying, wide=wide)
+    measures = ["params", "error", "FLOPs/token"]
+    if wide:
+        measures = ["match", "target", "achieved", "error", "params", "d_model", "MLP widths", "FLOPs/token", "state"]
+    elif trials and trials[0].match == "state":
+        measures.append("state")
+    matched = f", matched on {trials[0].match}" if trials and not wide else ""
+    table = _table(f"{len(trials)} planned trials{matched}", ["trial", *axes, *measures], text=("trial", "axes"))
+    for t, cells_of_axes in zip(trials, axis_cells):
+        cells = {"match": t.match, "target": t.target, "achieved": t.achieved, "error": f"{t.match_error:+.2%}",
+                 "params": t.params, "d_model": t.spec.d_model, "MLP widths": ",".join(map(str, t.spec.mlp_widths)),
+                 "FLOPs/token": t.flops_per_token, "state": t.state}
+        table.add_row(t.trial_id, *cells_of_axes, *(_fmt(cells[m]) for m in measures))
+    out = console()
+    _print(out, table, wide=wide, note=None if wide else _shared_line(shared))
     memories = [t.to_dict() for t in trials if t.spec.structure == "memory"]
     if memories:
-        console.print("memory overhead (its params over the rest, embeddings included): "
-                      + ", ".join(f"{t['trial_id']} +{t['memory_overhead']:.2%}" for t in memories))
+        out.print("memory overhead (its params over the rest, embeddings included): "
+                  + ", ".join(f"{m['trial_id']} +{m['memory_overhead']:.2%}" for m in memories))
     if layers:
         for t in trials:
-            layer_table(t)
+            out.print(layer_table(t))
 
 
-def layer_table(trial) -> None:
+def layer_table(trial) -> Table:
     """The per-layer plan of one trial."""
     from archsearch.arch.structures.stack import layer_params
 
     spec = trial.spec
-    table = Table(title=f"trial {trial.trial_id}: d_model={spec.d_model}, heads={spec.num_heads}",
-                  header_style="bold")
-    for name in ("layer", "mixer", "mlp", "MLP width", "params"):
-        table.add_column(name, justify="right")
+    table = _table(f"trial {trial.trial_id}: d_model={spec.d_model}, heads={spec.num_heads}",
+                   ["layer", "mixer", "mlp", "MLP width", "params"], text=("mixer", "mlp"))
     for i, layer in enumerate(spec.layers):
-        params = layer_params(spec, layer)
-        table.add_row(str(i), layer.mixer, layer.mlp, str(layer.mlp_width), f"{params:,}")
-    console.print(table)
+        table.add_row(str(i), _fmt(layer.mixer), _fmt(layer.mlp), _fmt(layer.mlp_width),
+                      _fmt(layer_params(spec, layer)))
+    return table
 
 
 def front_table(front: list[dict], columns: list[str]) -> None:
-    """The front's rows: trials with their axes, or a CSV's rows."""
-    table = Table(title=f"Pareto front ({', '.join(columns)})", header_style="bold")
-    trials = bool(front) and "trial_id" in front[0]
-    for name in ["trial", "axes", *columns] if trials else columns:
-        table.add_column(name, justify="right")
-    for row in front:
-        cells = [_fmt(row.get(c)) for c in columns]
-        if trials:
-            axes = ", ".join(f"{k}={v}" for k, v in (row.get("axes") or {}).items())
-            cells = [str(row["trial_id"]), axes, *cells]
-        table.add_row(*(escape(c) for c in cells))
-    console.print(table)
+    """The front's rows: the trials with the axes that differ along it, or a CSV's rows."""
+    title = f"Pareto front ({', '.join(columns)})"
+    if not (front and "trial_id" in front[0]):
+        table = _table(title, columns, text=tuple(columns[:1]))
+        for row in front:
+            table.add_row(*(_fmt(row.get(c)) for c in columns))
+        _print(console(), table, wide=False)
+        return
+    varying, shared = split_axes([row.get("axes") or {} for row in front])
+    axes, axis_cells = _axis_cells([row.get("axes") or {} for row in front], varying, wide=False)
+    table = _table(title, ["trial", *axes, *columns], text=("trial", "axes"))
+    for row, cells_of_axes in zip(front, axis_cells):
+        table.add_row(row["trial_id"], *cells_of_axes, *(_fmt(row.get(c)) for c in columns))
+    _print(console(), table, wide=False, note=_shared_line(shared))
 
 
 def fit_tables(result: dict) -> None:
     """Scaling-law fits, one row per group and law, each estimate with its interval;
     then predictions, multipliers, skipped fits and notes."""
     names = ["E", "A", "B", "alpha", "beta"]
-    table = Table(title="scaling-law fits", header_style="bold")
-    for name in ["group", "law", "points", *names]:
-        table.add_column(name, justify="right")
+    table = _table("scaling-law fits", ["group", "law", "points", *names], text=("group", "law"))
     for fit in result["fits"]:
         cells = [_estimate(fit["estimates"].get(n)) for n in names]
-        table.add_row(escape(fit["group"]), fit["law"], str(fit["points"]), *cells)
-    console.print(table)
+        table.add_row(plain(fit["group"]), fit["law"], str(fit["points"]), *cells)
+    out = console()
+    _print(out, table, wide=False)
     for p in result.get("predictions", []):
         at = ", ".join(f"{k}={v:.3g}" for k, v in p["at"].items())
         low, high = p["prediction_interval"]
-        console.print(f"{escape(p['group'])} {p['law']} at {at}: loss {_estimate(p['loss'])}, prediction interval "
-                      f"[{_fmt(low)}, {_fmt(high)}]{' (extrapolated)' if p['extrapolated'] else ''}")
+        out.print(plain(f"{p['group']} {p['law']} at {at}: loss {_estimate(p['loss'])}, prediction interval "
+                        f"[{_fmt(low)}, {_fmt(high)}]{' (extrapolated)' if p['extrapolated'] else ''}"))
     for m in result.get("multipliers", []):
-        console.print(f"compute multiplier at C={m['compute']:.3g}: {_estimate(m['multiplier'])} "
-                      f"({escape(m['meaning'])})")
+        out.print(plain(f"compute multiplier at C={m['compute']:.3g}: {_estimate(m['multiplier'])} "
+                        f"({m['meaning']})"))
     for s in result["skipped"]:
-        console.print(f"skipped {escape(s['group'])} {s['law']}: {escape(s['reason'])}")
+        out.print(plain(f"skipped {s['group']} {s['law']}: {s['reason']}"))
     for note in result["notes"]:
-        console.print(f"note: {escape(note)}")
+        out.print(plain(f"note: {note}"))
 
 
 def _estimate(estimate: dict | None) -> str:
@@ -110,49 +186,96 @@ def run_summary(summary, *, store: Path, report: Path) -> None:
     import archsearch as A
     from archsearch.analysis import pareto_front
 
-    console.print(f"[bold]{summary.study}[/]: {summary.planned} trials planned, {summary.skipped} already done, "
-                  f"{summary.completed} trained, {summary.failed} failed in {summary.wall_time_s:.0f}s")
+    out = console()
+    out.print(Text.assemble((plain(summary.study), "bold"),
+                            f": {summary.planned:,} trials planned, {summary.skipped:,} already done, "
+                            f"{summary.completed:,} trained, {summary.failed:,} failed in {summary.wall_time_s:,.0f}s"))
     with A.open_store(store, read_only=True) as db:
         rows = completed_rows(db, summary.study)
         if not rows:
-            console.print("[red]no completed trials; see `archsearch status` for the errors")
+            out.print(f"no completed trials; see `archsearch status --store {plain(store)}` for the errors",
+                      style="red")
             return
         best = min(rows, key=lambda r: r["val_loss"])
-        axes = ", ".join(f"{k}={v}" for k, v in best["axes"].items())
-        console.print(f"best trial {best['trial_id']}: val_loss {best['val_loss']:.4f} at "
-                      f"{best['params']:,} non-embedding params ({axes})")
+        axes = ", ".join(f"{k}={_axis(v)}" for k, v in best["axes"].items())
+        out.print(f"best trial {plain(best['trial_id'])}: val_loss {best['val_loss']:.4f} at "
+                  f"{best['params']:,} non-embedding params ({axes})")
         front_table(pareto_front(rows, DEFAULT_OBJECTIVES), ["val_loss", "params"])
         path = write_report(db, report, study=summary.study)
-    console.print(f"report: {path}")
+    out.print(f"report: {plain(path)}", soft_wrap=True)
 
 
-def status_tables(db, *, study: str | None, as_json: bool) -> None:
+def status_tables(db, *, study: str | None, as_json: bool, wide: bool = False) -> None:
+    """The studies in a store and their trials: the axes that differ, params,
+    status, val_loss, tokens/s, and each failed trial's error below the
+    table; ``wide`` adds every axis, d_model, steps, tokens, wall time,
+    attempts and the error column."""
     studies = db.studies().to_pylist()
     trials = db.trials(study).to_pylist()
     if as_json:
         print(json.dumps({"studies": studies, "trials": trials}, indent=2, default=str))
         return
-    table = Table(title=f"studies in {db.path}", header_style="bold")
-    for name in ("study", "trials", "completed", "failed", "updated"):
-        table.add_column(name, justify="right")
+    out = console()
+    out.print(f"studies in {plain(db.path)}", soft_wrap=True)
+    table = _table("", ["study", "trials", "completed", "failed", "updated"], text=("study",))
     for s in studies:
-        table.add_row(s["name"], str(s["trials"]), str(s["completed"]), str(s["failed"]), str(s["updated_at"])[:19])
-    console.print(table)
-    table = Table(title="trials", header_style="bold")
-    for name in ("trial", "axes", "params", "status", "val_loss", "tokens/s", "error"):
-        table.add_column(name, justify="right")
-    for t in trials:
-        axes = ", ".join(f"{k}={v}" for k, v in json.loads(t["axes"]).items())
-        table.add_row(t["trial_id"], axes, f"{t['params']:,}", t["status"], _fmt(t["val_loss"]),
-                      _fmt(t["tokens_per_s"]), (t["error"] or "")[:60])
-    console.print(table)
+        table.add_row(_fmt(s["name"]), _fmt(s["trials"]), _fmt(s["completed"]), _fmt(s["failed"]),
+                      _fmt(str(s["updated_at"])[:19]))
+    out.print(table)
+    rows = [json.loads(t["axes"]) for t in trials]
+    varying, shared = split_axes(rows)
+    axes, axis_cells = _axis_cells(rows, _all_names(rows) if wide else varying, wide=wide)
+    measures = ["params", "status", "val_loss", "tokens/s"]
+    if wide:
+        measures += ["d_model", "steps", "tokens", "wall s", "attempts", "error"]
+    table = _table(f"trials{f' of {study}' if study else ''}", ["trial", *axes, *measures],
+                   text=("trial", "axes", "status", "error"))
+    for t, cells_of_axes in zip(trials, axis_cells):
+        cells = {"params": t["params"], "status": t["status"], "val_loss": t["val_loss"],
+                 "tokens/s": t["tokens_per_s"], "d_model": t["d_model"], "steps": t["steps"], "tokens": t["tokens"],
+                 "wall s": t["wall_time_s"], "attempts": t["attempts"], "error": t["error"]}
+        table.add_row(t["trial_id"], *cells_of_axes, *(_fmt(cells[m]) for m in measures))
+    _print(out, table, wide=wide, note=None if wide else _shared_line(shared))
+    if not wide:
+        for t in trials:
+            if t["error"]:
+                out.print(Text.assemble((f"trial {plain(t['trial_id'])} failed: ", "red"), plain(t["error"])))
+
+
+def lines(texts: list[str]) -> None:
+    """Lines of prose under a table, wrapped to the console's width."""
+    out = console()
+    for text in texts:
+        out.print(plain(text))
+
+
+def _print(out: Console, table: Table, *, wide: bool, note: str | None = None) -> None:
+    """Print ``table`` and a ``note`` below it; a ``wide`` table at its natural
+    width, however wide the console (squeezed to the terminal, its many
+    columns would fold to letters)."""
+    if wide:
+        natural = out.measure(table, options=out.options.update(max_width=100_000)).maximum
+        out = console(width=max(out.width, natural))
+    out.print(table)
+    if note:
+        out.print(plain(note))
+
+
+def _axis(value) -> str:
+    """An axis value as the user wrote it (``3.0``, ``1e-05``), numbers without separators."""
+    return plain(value) if isinstance(value, float) else _fmt(value)
 
 
 def _fmt(value) -> str:
+    """One cell: integers and numbers from 1,000 up with thousands
+    separators, smaller floats to 4 significant digits (zeros kept, so a
+    column's digits line up), text ``plain``."""
     if value is None:
         return "-"
-    if isinstance(value, float):
-        return f"{value:.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
     if isinstance(value, int):
         return f"{value:,}"
-    return str(value)
+    if isinstance(value, float):
+        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:#.4g}"
+    return plain(value)

@@ -59,6 +59,11 @@ CREATE TABLE IF NOT EXISTS metrics (
 """
 
 
+# Every table of the store, in the order export writes them.
+TABLES = ("studies", "study_versions", "trials", "study_trials", "metrics", "trial_rungs", "search_proposals",
+          "fidelity_ladders")
+
+
 @lru_cache(maxsize=1)
 def code_version() -> str:
     """Package version plus the git commit (and '+dirty') when run from a checkout."""
@@ -289,7 +294,7 @@ class Store:
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         out = []
-        for table in ("studies", "trials", "study_trials", "metrics"):
+        for table in TABLES:
             path = folder / f"{table}.parquet"
             quoted = path.as_posix().replace("'", "''")
             self.db.execute(f"COPY {table} TO '{quoted}' (FORMAT parquet)")
