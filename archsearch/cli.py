@@ -27,6 +27,9 @@ AddressOpt = Annotated[Optional[str], typer.Option(help="Ray cluster address; de
 MaxParallelOpt = Annotated[Optional[int], typer.Option(help="trials at once (default: the study's, else CPUs)")]
 ReportOpt = Annotated[Optional[Path], typer.Option(help="report path [default: reports/STUDY.html]")]
 ProgressOpt = Annotated[bool, typer.Option(help="show the progress bar (on a terminal)")]
+SetOpt = Annotated[Optional[list[str]], typer.Option(
+    "--set", help="KEY=VALUE override of the study, validated like the file (repeatable), "
+                  "e.g. --set recipe.steps=50 --set data.paths=[wiki.train.txt]")]
 DEFAULT_STORE = Path("archsearch.duckdb")
 
 
@@ -85,11 +88,12 @@ def main(version: Annotated[bool, typer.Option("--version", callback=_version, i
 @app.command()
 @user_errors
 def plan(study: StudyArg, as_json: JsonOpt = False, wide: WideOpt = False,
-         layers: Annotated[bool, typer.Option("--layers", help="show each trial's per-layer plan")] = False):
+         layers: Annotated[bool, typer.Option("--layers", help="show each trial's per-layer plan")] = False,
+         overrides: SetOpt = None):
     """Every trial the study would run, widths solved; trains nothing."""
     import archsearch as A
 
-    trials = A.plan(A.load_study(study))
+    trials = A.plan(A.load_study(study, overrides=overrides or ()))
     if as_json:
         typer.echo(json.dumps([t.to_dict() for t in trials], indent=2))
         return
@@ -101,27 +105,30 @@ def plan(study: StudyArg, as_json: JsonOpt = False, wide: WideOpt = False,
 @app.command()
 @user_errors
 def run(study: StudyArg, store: StoreOpt = DEFAULT_STORE, address: AddressOpt = None,
-        max_parallel: MaxParallelOpt = None, report: ReportOpt = None, progress: ProgressOpt = True):
+        max_parallel: MaxParallelOpt = None, report: ReportOpt = None, progress: ProgressOpt = True,
+        overrides: SetOpt = None):
     """Run the study (embedded Ray unless --address), writing the store."""
     _run(study, store=store, address=address, max_parallel=max_parallel, report=report, progress=progress,
-         resume=False)
+         resume=False, overrides=overrides or [])
 
 
 @app.command()
 @user_errors
 def resume(study: StudyArg, store: StoreOpt = DEFAULT_STORE, address: AddressOpt = None,
-           max_parallel: MaxParallelOpt = None, report: ReportOpt = None, progress: ProgressOpt = True):
+           max_parallel: MaxParallelOpt = None, report: ReportOpt = None, progress: ProgressOpt = True,
+           overrides: SetOpt = None):
     """Continue an interrupted study; finished trials are skipped."""
     _run(study, store=store, address=address, max_parallel=max_parallel, report=report, progress=progress,
-         resume=True)
+         resume=True, overrides=overrides or [])
 
 
-def _run(study_path: Path, *, store: Path, address, max_parallel, report, progress, resume: bool) -> None:
+def _run(study_path: Path, *, store: Path, address, max_parallel, report, progress, resume: bool,
+         overrides: list[str]) -> None:
     import archsearch as A
     from archsearch.errors import StoreError
     from archsearch.execute import run_study
 
-    study = A.load_study(study_path)
+    study = A.load_study(study_path, overrides=overrides)
     if resume:
         if not store.exists():
             raise StoreError(f"no store at {store}; nothing to resume (use `archsearch run {study_path}`)")
@@ -135,6 +142,7 @@ def _run(study_path: Path, *, store: Path, address, max_parallel, report, progre
                             show_progress=progress and sys.stderr.isatty())
     except KeyboardInterrupt:
         again = ["archsearch", "resume", str(study_path), "--store", str(store)]
+        again += [part for text in overrides for part in ("--set", text)]
         for flag, value in (("--address", address), ("--max-parallel", max_parallel), ("--report", report)):
             again += [flag, str(value)] if value is not None else []
         _fail(f"interrupted; finished trials are saved, continue with: {shlex.join(again)}", 130)

@@ -212,8 +212,9 @@ def status_tables(db, *, study: str | None, as_json: bool, wide: bool = False) -
     attempts and the error column."""
     studies = db.studies().to_pylist()
     trials = db.trials(study).to_pylist()
+    ladders = db.ladders(study).to_pylist()
     if as_json:
-        print(json.dumps({"studies": studies, "trials": trials}, indent=2, default=str))
+        print(json.dumps({"studies": studies, "trials": trials, "fidelity_ladders": ladders}, indent=2, default=str))
         return
     out = console()
     out.print(f"studies in {plain(db.path)}", soft_wrap=True)
@@ -238,8 +239,19 @@ def status_tables(db, *, study: str | None, as_json: bool, wide: bool = False) -
     _print(out, table, wide=wide, note=None if wide else _shared_line(shared))
     if not wide:
         for t in trials:
-            if t["error"]:
+            if t["error"] and t["status"] != "pruned":
                 out.print(Text.assemble((f"trial {plain(t['trial_id'])} failed: ", "red"), plain(t["error"])))
+    for ladder in ladders:
+        out.print(plain(_ladder_line(ladder)))
+
+
+def _ladder_line(ladder: dict) -> str:
+    """A probe's rank agreement with the study's own data, with its interval."""
+    head = f"fidelity ladder of {ladder['study']}: probe vs data over {ladder['points']} points"
+    if ladder["spearman"] is None:
+        return f"{head}: too few points for a rank correlation (3 needed)"
+    return (f"{head}: Spearman {ladder['spearman']:+.2f}, 95% bootstrap interval "
+            f"[{ladder['low']:+.2f}, {ladder['high']:+.2f}]")
 
 
 def lines(texts: list[str]) -> None:

@@ -115,6 +115,10 @@ def test_a_ladder_study_runs_and_the_store_keeps_the_correlation(tmp_path):
     kinds = sorted(json_kind(t["data"]) for t in trials)
     assert kinds == ["mqar"] * 4 + ["text"] * 3
     assert ladder and ladder[0]["points"] == 3 and -1.0 <= ladder[0]["spearman"] <= 1.0
+    from tests.test_errors import run_cli
+
+    shown = run_cli("status", "--store", str(tmp_path / "s.duckdb"))
+    assert "fidelity ladder of ladder: probe vs data over 3 points: Spearman" in shown.stdout, shown.stdout
 
 
 def json_kind(data: str) -> str:

@@ -3,6 +3,7 @@ it, validated like the file, errors naming the override."""
 
 from __future__ import annotations
 
+import json
 import textwrap
 
 import pytest
@@ -56,3 +57,14 @@ def test_a_bad_override_fails_in_one_line_naming_it(study, override, message):
     with pytest.raises(A.SpecError) as caught:
         A.plan(A.load_study(study, overrides=[override]))
     assert message in str(caught.value) and "\n" not in str(caught.value), str(caught.value)
+
+
+def test_plan_takes_set_on_the_command_line(study):
+    from tests.test_errors import run_cli
+
+    result = run_cli("plan", str(study), "--json", "--set", "space.axes.num_layers=[3]", "--set", "seeds=[4]")
+    assert result.returncode == 0, result.stderr
+    trials = json.loads(result.stdout)
+    assert [(t["num_layers"], t["seed"]) for t in trials] == [(3, 4)]
+    bad = run_cli("plan", str(study), "--set", "recipe.steps=lots")
+    assert bad.returncode == 2 and bad.stderr.startswith("error: --set recipe.steps=lots: recipe.steps: ")
