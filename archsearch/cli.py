@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import json
-import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -96,7 +95,7 @@ def _run(study_path: Path, *, store: Path, address, max_parallel, report, progre
             if study.name not in db.studies().column("name").to_pylist():
                 raise StoreError(f"study '{study.name}' is not in {store}; start it with `archsearch run`")
     summary = run_study(study, store=store, address=address, max_parallel=max_parallel,
-                        show_progress=progress and sys.stderr.isatty())
+                        show_progress=progress)
     from archsearch.terminal import run_summary
 
     run_summary(summary, store=store, report=report or Path("reports") / f"{study.name}.html")

@@ -1,21 +1,38 @@
 """Run a study's trials on Ray and write every result to the store.
 
-Embedded local Ray by default (``address="local"`` so a stale cluster is never
-joined by accident); a cluster with ``address``. Only the driver touches the
-store: workers return results, so DuckDB sees one writer.
+Embedded Ray by default: a private instance for this run alone, listening
+on 127.0.0.1 only, with its session files in its own temporary folder, so
+``--address auto`` from another shell never finds it. ``address`` joins an
+existing cluster instead.
+
+Only the driver touches the store, and it holds the store's run lock for
+the whole run (a second run on the same store refuses). Workers stream each
+evaluation back as they train; the driver writes those points as they come
+so a reader sees curves grow, and a finished trial's row and curve in one
+transaction. A trial whose worker dies is retried from its last checkpoint,
+up to ``execution.retries`` times, each attempt counted in the store.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import sys
+import tempfile
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from archsearch.errors import ArchsearchError
+from archsearch.execute.progress import TrialProgress
 from archsearch.planner import PlannedTrial, plan
 from archsearch.space.schema import Study
-from archsearch.store import Store, checkpoint_dir, open_store
+from archsearch.store import RunLock, Store, checkpoint_dir, open_store
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+DEFAULT_HEARTBEAT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -24,100 +41,230 @@ class RunSummary:
     planned: int
     skipped: int  # already completed in the store, not trained again
     completed: int
-    failed: int
+    failed: int  # failed or diverged
     wall_time_s: float
+    diverged: int = 0
 
 
 def run_study(study: Study, *, store: str | Path = "archsearch.duckdb", address: str | None = None,
-              max_parallel: int | None = None, show_progress: bool = True) -> RunSummary:
+              max_parallel: int | None = None, show_progress: bool = True,
+              heartbeat_s: float | None = None) -> RunSummary:
     """Plan ``study``, train every trial the store has not finished, record all.
 
-    ``address``: None for embedded local Ray, or a cluster address ("auto",
-    "ray://host:10001"). ``max_parallel`` overrides ``execution.max_parallel``.
+    ``address``: None for a private embedded Ray, or a cluster: "auto" (the
+    one ``ray start`` made on this machine), "HOST:PORT" or "ray://HOST:PORT".
+    ``max_parallel`` overrides ``execution.max_parallel``. Progress goes to
+    stderr: a bar on a terminal, else one line per finished trial and a
+    heartbeat every ``heartbeat_s`` (default 30 s, or $ARCHSEARCH_HEARTBEAT_S).
+    Raises StoreError when another run is writing ``store``.
     """
     start = time.perf_counter()
     trials = plan(study)
     origin = study._origin
-    with open_store(store) as db:
+    if heartbeat_s is None:
+        heartbeat_s = float(os.environ.get("ARCHSEARCH_HEARTBEAT_S", DEFAULT_HEARTBEAT_S))
+    db = open_store(store)
+    with RunLock(store, study=study.name):
         db.add_study(name=study.name, path=origin.path if origin else "", config=_config(study))
         db.add_trials(study.name, [t.to_dict() for t in trials])
+        db.mark_interrupted()  # we hold the lock: whatever is still `running` lost its driver
         done = db.completed_ids()
         todo = [t for t in trials if t.trial_id not in done]
-        completed = failed = 0
+        counts = {"completed": 0, "failed": 0, "diverged": 0}
         if todo:
-            completed, failed = _run_on_ray(todo, db, study, store=store, address=address,
-                                            max_parallel=max_parallel, show_progress=show_progress)
+            with TrialProgress(total=len(todo), enabled=show_progress, heartbeat_s=heartbeat_s) as progress:
+                counts = _run_on_ray(todo, db, study, store=store, address=address, max_parallel=max_parallel,
+                                     progress=progress)
     return RunSummary(study=study.name, planned=len(trials), skipped=len(trials) - len(todo),
-                      completed=completed, failed=failed, wall_time_s=time.perf_counter() - start)
+                      completed=counts["completed"], failed=counts["failed"] + counts["diverged"],
+                      diverged=counts["diverged"], wall_time_s=time.perf_counter() - start)
 
 
-def _trial_task(payload: dict) -> dict:
-    """Runs inside a Ray worker: one trial, returned as a plain dict."""
+def _trial_task(payload: dict):
+    """Runs inside a Ray worker: yields ("eval", row) as the trial evaluates,
+    then ("result", TrialResult dict). Training runs on a thread so its
+    evaluations can leave while it goes on."""
+    import queue
+    import threading
+
     from archsearch.arch.spec import ArchSpec
     from archsearch.train import train_trial
 
-    result = train_trial(spec=ArchSpec.from_dict(payload["spec"]), recipe=payload["recipe"],
-                         data=payload["data"], seed=payload["seed"], threads=payload["threads"],
-                         checkpoint_dir=payload["checkpoint_dir"])
-    return result.to_dict()
+    rows: queue.Queue = queue.Queue()
+    outcome: dict = {}
 
+    def train() -> None:
+        try:
+            outcome["result"] = train_trial(
+                spec=ArchSpec.from_dict(payload["spec"]), recipe=payload["recipe"], data=payload["data"],
+                seed=payload["seed"], threads=payload["threads"], checkpoint_dir=payload["checkpoint_dir"],
+                on_eval=rows.put).to_dict()
+        except BaseException as err:  # re-raised below, in the task's own thread
+            outcome["error"] = err
+        finally:
+            rows.put(None)
+
+    thread = threading.Thread(target=train, name="trial", daemon=True)
+    thread.start()
+    while (row := rows.get()) is not None:
+        yield ("eval", row)
+    thread.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    yield ("result", outcome["result"])
 
 
 def _run_on_ray(todo: list[PlannedTrial], db: Store, study: Study, *, store: str | Path, address: str | None,
-                max_parallel: int | None, show_progress: bool) -> tuple[int, int]:
+                max_parallel: int | None, progress: TrialProgress) -> dict[str, int]:
     import ray
 
     execution = study.execution
-    threads = execution.threads_per_trial
     owns_ray = not ray.is_initialized()
-    if owns_ray:
-        if address not in (None, "local", "auto"):
-            _check_reachable(address)
-        os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
-        ray.init(address=address or "local", include_dashboard=False, logging_level="ERROR",
-                 log_to_driver=False, configure_logging=True)
+    private_dir = _start_ray(address) if owns_ray else None
     try:
-        cpus = int(ray.cluster_resources().get("CPU", 1))
+        resources = ray.cluster_resources()
+        cpus = execution.cpus or execution.threads_per_trial
         width = max_parallel or (execution.max_parallel if execution.max_parallel != "auto" else 0)
-        width = max(1, width or cpus // threads)
-        task = ray.remote(num_cpus=min(threads, cpus), max_retries=execution.retries)(_trial_task)
-        return _drain(todo, db, task, store=store, width=width, threads=threads, show_progress=show_progress)
+        if not width:  # as many as the cluster fits at once
+            fits = [resources.get("CPU", 1) / cpus] + ([resources.get("GPU", 0) / execution.gpus]
+                                                       if execution.gpus else [])
+            width = int(min(fits))
+        options = dict(num_cpus=cpus, num_gpus=execution.gpus, max_retries=0, num_returns="streaming")
+        if execution.memory:
+            options["memory"] = execution.memory
+        task = ray.remote(**options)(_trial_task)
+        storage = _storage(study)
+        return _Drain(db, task, store=store, storage=storage, threads=execution.threads_per_trial,
+                      retries=execution.retries, progress=progress).run(todo, width=max(1, width))
     finally:
         if owns_ray:
             ray.shutdown()
+            if private_dir is not None:
+                shutil.rmtree(private_dir, ignore_errors=True)
 
 
-def _drain(todo: list[PlannedTrial], db: Store, task: Any, *, store: str | Path, width: int, threads: int,
-           show_progress: bool) -> tuple[int, int]:
+def _start_ray(address: str | None) -> str | None:
+    """Start a private embedded Ray (returns its folder) or join ``address`` (returns None)."""
     import ray
 
-    from archsearch.execute.progress import TrialProgress
+    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+    quiet = dict(include_dashboard=False, logging_level="ERROR", log_to_driver=False, configure_logging=True)
+    if address not in (None, "local"):
+        if address != "auto":
+            _check_reachable(address)
+            _warn_if_open(address)
+        try:
+            ray.init(address=address, **quiet)
+        except ConnectionError as err:
+            raise ArchsearchError(f"cannot join the Ray cluster at '{address}': {str(err).splitlines()[0]}; "
+                                  "start one with `ray start --head`, or leave out --address to run "
+                                  "locally") from None
+        return None
+    # Session files in a folder of our own: `ray.init("auto")` looks for a
+    # cluster under /tmp/ray and so never joins this one. Short prefix: Ray
+    # puts unix sockets in it, whose paths are capped near 107 bytes.
+    folder = tempfile.mkdtemp(prefix="asray-", dir="/tmp" if os.path.isdir("/tmp") else None)
+    # Ray binds its servers to the node address; off a cluster this variable
+    # makes that address 127.0.0.1, so nothing listens on other interfaces.
+    saved = os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    try:
+        ray.init(address="local", _temp_dir=folder, **quiet)
+    finally:
+        if saved is None:
+            os.environ.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)
+        else:
+            os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = saved
+    return folder
 
-    queue = list(todo)
-    running: dict[Any, PlannedTrial] = {}
-    completed = failed = 0
-    with TrialProgress(total=len(todo), enabled=show_progress) as progress:
-        while queue or running:
-            while queue and len(running) < width:
-                trial = queue.pop(0)
-                db.mark_running(trial.trial_id)
-                payload = dict(spec=trial.spec.to_dict(), recipe=trial.recipe, data=trial.data,
-                               seed=trial.seed, threads=threads,
-                               checkpoint_dir=str(checkpoint_dir(store, trial.trial_id)))
-                running[task.remote(payload)] = trial
-            progress.update(completed=completed, running=len(running), failed=failed)
-            ready, _ = ray.wait(list(running), num_returns=1, timeout=0.5)
-            for ref in ready:
-                trial = running.pop(ref)
-                try:
-                    db.finish(trial.trial_id, ray.get(ref))
-                    completed += 1
-                except Exception as err:  # a trial's failure is recorded, never fatal to the study
-                    db.fail(trial.trial_id, _one_line(err))
-                    failed += 1
-                    progress.note(f"trial {trial.trial_id} failed: {_one_line(err)}")
-        progress.update(completed=completed, running=0, failed=failed)
-    return completed, failed
+
+class _Drain:
+    """Keeps ``width`` trials running and records everything they report."""
+
+    def __init__(self, db: Store, task: Any, *, store: str | Path, storage: str | None, threads: int, retries: int,
+                 progress: TrialProgress):
+        self.db, self.task, self.store, self.storage = db, task, store, storage
+        self.threads, self.retries, self.progress = threads, retries, progress
+        self.counts = {"completed": 0, "failed": 0, "diverged": 0}
+        self.running: dict[Any, tuple[PlannedTrial, int, float]] = {}  # generator -> trial, attempt, started
+
+    def run(self, todo: list[PlannedTrial], *, width: int) -> dict[str, int]:
+        import ray
+
+        queue = deque(todo)
+        while queue or self.running:
+            while queue and len(self.running) < width:
+                self._submit(queue.popleft(), attempt=1)
+            self.progress.update(completed=self.counts["completed"], running=len(self.running),
+                                 failed=self.counts["failed"] + self.counts["diverged"])
+            generators = list(self.running)
+            ready, _ = ray.wait(generators, num_returns=len(generators), timeout=0)
+            if not ready:
+                ready, _ = ray.wait(generators, num_returns=1, timeout=0.5)
+            points: list[tuple[str, dict]] = []
+            for generator in ready:
+                self._take(generator, points)
+            self.db.add_points(points)
+        return self.counts
+
+    def _submit(self, trial: PlannedTrial, *, attempt: int) -> None:
+        self.db.mark_running(trial.trial_id)
+        payload = dict(spec=trial.spec.to_dict(), recipe=trial.recipe, data=trial.data, seed=trial.seed,
+                       threads=self.threads,
+                       checkpoint_dir=str(checkpoint_dir(self.store, trial.trial_id, storage=self.storage)))
+        self.running[self.task.remote(payload)] = (trial, attempt, time.perf_counter())
+
+    def _take(self, generator: Any, points: list[tuple[str, dict]]) -> None:
+        """One item from a ready trial: an evaluation point, its result, or its error."""
+        import ray
+
+        trial, attempt, started = self.running[generator]
+        try:
+            kind, value = ray.get(next(generator))
+        except StopIteration:  # the result came before; nothing more
+            del self.running[generator]
+            return
+        except (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError,
+                ray.exceptions.ObjectLostError, ray.exceptions.OwnerDiedError) as err:
+            del self.running[generator]
+            self.db.add_points(points)  # what it reported before dying stays
+            points.clear()
+            if attempt <= self.retries:  # again, from its newest checkpoint
+                self.progress.note(f"trial {trial.trial_id}: worker died ({type(err).__name__}); "
+                                   f"retry {attempt} of {self.retries}")
+                self._submit(trial, attempt=attempt + 1)
+            else:
+                self._record_failure(trial, f"worker died {attempt} times ({type(err).__name__})", "failed")
+            return
+        except Exception as err:  # a trial's failure is recorded, never fatal to the study
+            del self.running[generator]
+            cause = getattr(err, "cause", None) or err
+            status = "diverged" if isinstance(cause, FloatingPointError) else "failed"
+            self._record_failure(trial, _one_line(err), status)
+            return
+        if kind == "eval":
+            points.append((trial.trial_id, value))
+            return
+        status = self.db.finish(trial.trial_id, value)
+        self.counts[status] += 1
+        self.progress.finished(trial_id=trial.trial_id, label=_label(trial), status=status,
+                               val_loss=value["val_loss"], wall_s=time.perf_counter() - started)
+
+    def _record_failure(self, trial: PlannedTrial, error: str, status: str) -> None:
+        self.db.fail(trial.trial_id, error, status=status)
+        self.counts[status] += 1
+        self.progress.note(f"trial {trial.trial_id} {status}: {error}")
+
+
+def _label(trial: PlannedTrial) -> str:
+    """The trial's arm in a few words: its family and the axes it was planned at."""
+    axes = " ".join(f"{k}={v}" for k, v in trial.axes.items() if k != "family")
+    return f"{trial.spec.family} {axes}".strip()
+
+
+def _storage(study: Study) -> str | None:
+    storage = study.execution.storage
+    return str(Path(storage).expanduser().resolve()) if storage else None
 
 
 def _check_reachable(address: str, timeout: float = 5.0) -> None:
@@ -125,16 +272,29 @@ def _check_reachable(address: str, timeout: float = 5.0) -> None:
     retries for minutes before giving up."""
     import socket
 
-    from archsearch.errors import ArchsearchError
-
-    host, _, port = address.removeprefix("ray://").rpartition(":")
-    if not host or not port.isdigit():
-        raise ArchsearchError(f"Ray address '{address}' is not host:port or ray://host:port")
+    host, port = _host_port(address)
     try:
         socket.create_connection((host, int(port)), timeout=timeout).close()
     except OSError as err:
         raise ArchsearchError(f"cannot reach a Ray cluster at {address} ({err}); start one with "
                               "`ray start --head` there, or leave out --address to run locally") from None
+
+
+def _host_port(address: str) -> tuple[str, str]:
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        raise ArchsearchError(f"Ray address '{address}' is not auto, host:port or ray://host:port")
+    return host.strip("[]"), port
+
+
+def _warn_if_open(address: str) -> None:
+    """A cluster reached over the network without Ray's token authentication
+    runs whatever anyone who can reach its port sends it."""
+    host, _ = _host_port(address)
+    if host not in LOOPBACK and os.environ.get("RAY_AUTH_MODE", "").lower() != "token":
+        print(f"warning: joining the Ray cluster at {address} without authentication: anyone who can reach "
+              "that port can run code on the cluster; start it with token authentication and set "
+              "RAY_AUTH_MODE=token here", file=sys.stderr)
 
 
 def _one_line(err: BaseException) -> str:
@@ -144,5 +304,8 @@ def _one_line(err: BaseException) -> str:
 
 
 def _config(study: Study) -> dict:
-    """The resolved study as saved beside its results (the space inlined)."""
-    return {**study.model_dump(mode="json", exclude={"space"}), "space": study.space.model_dump(mode="json")}
+    """The resolved study as saved beside its results (the space inlined,
+    the checkpoint storage as an absolute path)."""
+    config = {**study.model_dump(mode="json", exclude={"space"}), "space": study.space.model_dump(mode="json")}
+    config["execution"]["storage"] = _storage(study)
+    return config

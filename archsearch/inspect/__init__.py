@@ -17,10 +17,12 @@ def load_trained(trial_id: str, *, store: str | Path = "archsearch.duckdb", devi
     run before checkpoints were kept).
     """
     with open_store(store, read_only=True) as db:
-        found = db.sql("SELECT status FROM trials WHERE trial_id = ?", [trial_id]).to_pylist()
+        found = db.sql("SELECT s.config->>'$.execution.storage' AS storage FROM trials t "
+                       "LEFT JOIN study_trials st USING (trial_id) LEFT JOIN studies s ON s.name = st.study "
+                       "WHERE t.trial_id = ?", [trial_id]).to_pylist()
     if not found:
         raise FileNotFoundError(f"no trial {trial_id} in {store}; see `archsearch status --store {store}`")
-    return load_model(checkpoint_dir(store, trial_id), device=device)
+    return load_model(checkpoint_dir(store, trial_id, storage=found[0]["storage"]), device=device)
 
 
 __all__ = ["load_trained"]
