@@ -21,6 +21,8 @@ import sys
 import tempfile
 import time
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -164,18 +166,32 @@ def _start_ray(address: str | None) -> str | None:
     # cluster under /tmp/ray and so never joins this one. Short prefix: Ray
     # puts unix sockets in it, whose paths are capped near 107 bytes.
     folder = tempfile.mkdtemp(prefix="asray-", dir="/tmp" if os.path.isdir("/tmp") else None)
-    # Ray binds its servers to the node address; off a cluster this variable
-    # makes that address 127.0.0.1, so nothing listens on other interfaces.
-    saved = os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    try:
+    with _loopback_only():
         ray.init(address="local", _temp_dir=folder, **quiet)
-    finally:
-        if saved is None:
-            os.environ.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)
-        else:
-            os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = saved
     return folder
+
+
+@contextmanager
+def _loopback_only() -> Iterator[None]:
+    """Ray binds every server to the node address, which on Linux is the
+    machine's network address, and turns a given 127.0.0.1 into it. Its
+    single-machine mode (the default on macOS and Windows) uses 127.0.0.1:
+    the variable switches it on for the processes Ray starts, the constant
+    for this one, which read it when ray was imported."""
+    from ray._private import ray_constants
+
+    variable = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+    saved_env, saved_flag = os.environ.get(variable), ray_constants.ENABLE_RAY_CLUSTER
+    os.environ[variable] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved_flag
+        if saved_env is None:
+            os.environ.pop(variable, None)
+        else:
+            os.environ[variable] = saved_env
 
 
 class _Drain:

@@ -1,0 +1,346 @@
+"""The driver under load and under faults: readers while it writes, live
+curves, dead workers, dead drivers, diverged trials, a private embedded Ray.
+
+The Ray tests of this module share one embedded instance, started the way
+``run_study`` starts its own; the driver-kill test runs ``archsearch`` in
+subprocesses, each with its own.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+import archsearch as A
+from archsearch.execute.progress import TrialProgress
+from tests.conftest import TINY_SPACE, tiny_study_text
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# progress (no Ray)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_off_a_terminal_progress_is_one_line_per_trial_and_a_heartbeat():
+    out, clock = io.StringIO(), FakeClock()
+    console = Console(file=out, force_terminal=False, width=80)
+    with TrialProgress(total=2, console=console, heartbeat_s=0.5, clock=clock) as progress:
+        progress.update(completed=0, running=2, failed=0)
+        assert out.getvalue() == ""  # nothing due yet
+        clock.now = 0.6
+        progress.update(completed=0, running=2, failed=0)
+        progress.finished(trial_id="abc123", label="transformer taper.shape=[/bold]", status="completed",
+                          val_loss=2.34567, wall_s=1.25)
+        clock.now = 0.8  # the trial line just printed counts as a sign of life
+        progress.update(completed=1, running=1, failed=0)
+        progress.finished(trial_id="def456", label="transformer", status="diverged", val_loss=float("nan"),
+                          wall_s=0.5)
+    lines = out.getvalue().splitlines()
+    assert lines == ["0/2 trials done, 2 running, 0 failed, 1s elapsed",
+                     "trial abc123 transformer taper.shape=[/bold]: val_loss 2.3457 in 1.2s",
+                     "trial def456 transformer: diverged (val_loss nan) in 0.5s"]
+    assert "\x1b" not in out.getvalue()  # plain text for logs
+
+
+def test_on_a_terminal_progress_draws_a_bar_and_disabled_prints_nothing():
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=100)
+    with TrialProgress(total=3, console=console) as progress:
+        progress.update(completed=2, running=1, failed=1)
+    assert "3/3" in out.getvalue() and "failed 1" in out.getvalue()
+    quiet = io.StringIO()
+    with TrialProgress(total=3, enabled=False, console=Console(file=quiet), heartbeat_s=0) as progress:
+        progress.update(completed=1, running=0, failed=0)
+        progress.finished(trial_id="a", label="x", status="completed", val_loss=1.0, wall_s=1.0)
+    assert quiet.getvalue() == ""
+
+
+def test_a_memory_size_reads_with_units_and_a_bad_one_names_the_field(tmp_path):
+    from archsearch.space.schema import Execution
+
+    assert Execution(memory="2GiB").memory == 2 * 2**30
+    assert Execution(memory="512MB").memory == 512_000_000
+    (tmp_path / "space.yaml").write_text(TINY_SPACE)
+    text = tiny_study_text(corpus=tmp_path).replace("max_parallel: 2", "max_parallel: 2\n  memory: lots")
+    (tmp_path / "study.yaml").write_text(text)
+    with pytest.raises(A.SpecError, match=r"study.yaml:\d+: execution.memory: .*4GiB"):
+        A.load_study(tmp_path / "study.yaml")
+
+
+# helpers for the Ray tests
+
+
+def write_study(folder: Path, corpus: Path, *, shapes: str = "[uniform, cosine, reverse]", steps: int = 12,
+                eval_every: int = 6, recipe: str = "", execution: str = "") -> Path:
+    (folder / "space.yaml").write_text(TINY_SPACE.replace("[uniform, cosine, reverse]", shapes))
+    text = tiny_study_text(corpus=corpus, steps=steps).replace("eval_every: 6", f"eval_every: {eval_every}")
+    text = text.replace("recipe:\n", "recipe:\n" + textwrap.indent(recipe, "  ")) if recipe else text
+    text = text.replace("max_parallel: 2\n", "max_parallel: 2\n" + textwrap.indent(execution, "  "))
+    path = folder / "study.yaml"
+    path.write_text(text)
+    return path
+
+
+def descendants(pid: int) -> list[int]:
+    """Process ids under ``pid``, children first, read from /proc."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            parents.setdefault(ppid, []).append(int(entry.name))
+    found, frontier = [], [pid]
+    while frontier:
+        children = parents.get(frontier.pop(), [])
+        found += children
+        frontier += children
+    return found
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def snapshot(store: Path) -> tuple[dict, dict]:
+    """Trials (result columns only: timing left out) and curves of a store."""
+    with A.open_store(store, read_only=True) as db:
+        trials = {r["trial_id"]: (r["status"], r["train_loss"], r["val_loss"], r["val_accuracy"], r["steps"],
+                                  r["tokens"]) for r in db.trials().to_pylist()}
+        curves: dict[str, list] = {}
+        for r in db.metrics().to_pylist():
+            curves.setdefault(r["trial_id"], []).append(
+                (r["step"], r["tokens"], r["train_loss"], r["val_loss"], r["val_accuracy"], r["lr"]))
+    return trials, curves
+
+
+@pytest.fixture(scope="module")
+def embedded_ray():
+    """One private embedded Ray for the module, started as ``run_study`` starts its own."""
+    import shutil
+
+    import ray
+
+    from archsearch.execute.driver import _start_ray
+
+    folder = _start_ray(None)
+    yield folder
+    ray.shutdown()
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.ray
+def test_embedded_ray_is_private_and_listens_on_loopback_only(embedded_ray):
+    """`--address auto` from another shell looks under /tmp/ray; this
+    instance lives in its own folder, and no socket of it (raylet, GCS,
+    workers) listens beyond 127.0.0.1 (planted mutation: dropping the
+    loopback setting in `_start_ray` lists sockets on *)."""
+    import ray
+
+    assert ray._private.worker._global_node.get_session_dir_path().startswith(embedded_ray)
+    ours = {os.getpid(), *descendants(os.getpid())}
+    inodes = set()
+    for pid in ours:
+        try:
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                target = os.readlink(fd)
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+        except OSError:
+            continue
+    listening = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                listening.append(fields[1].split(":")[0])
+    loopback = {"0100007F", "00000000000000000000000001000000", "0000000000000000FFFF00000100007F"}
+    assert listening and set(listening) <= loopback, listening
+
+
+@pytest.mark.ray
+def test_a_diverged_trial_is_never_completed_best_or_on_the_front(embedded_ray, tmp_path, corpus):
+    """The reproduction from the issue: lr 1.0, weight_decay 1e20, one step."""
+    from typer.testing import CliRunner
+
+    from archsearch.cli import app
+
+    path = write_study(tmp_path, corpus, shapes="uniform", steps=1, eval_every=1,
+                       recipe="lr: 1.0\nweight_decay: 1.0e20\n")
+    path.write_text(path.read_text().replace("warmup_steps: 2", "warmup_steps: 0"))
+    store = tmp_path / "s.duckdb"
+    summary = A.run_study(A.load_study(path), store=store, show_progress=False)
+    assert (summary.completed, summary.diverged, summary.failed) == (0, 1, 1)
+    with A.open_store(store, read_only=True) as db:
+        (row,) = db.trials().to_pylist()
+    assert row["status"] == "diverged" and "nan" in row["error"] and row["val_loss"] is None
+
+    def strict(text: str):
+        return json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} in JSON output"))
+
+    runner = CliRunner()
+    front = runner.invoke(app, ["pareto", "--json", "--store", str(store)])
+    assert front.exit_code == 0 and strict(front.output) == []
+    status = runner.invoke(app, ["status", "--json", "--store", str(store)])
+    assert strict(status.output)["trials"][0]["status"] == "diverged"
+
+
+@pytest.mark.ray
+def test_a_reader_in_another_process_sees_the_study_grow_without_lock_errors(embedded_ray, tmp_path, corpus):
+    """A second process reads the store throughout a run: never a lock
+    error, and curves of trials still running grow point by point
+    (planted mutation: writing eval points only in `finish` leaves no
+    running trial with a curve)."""
+    path = write_study(tmp_path, corpus, steps=160, eval_every=20)
+    store = tmp_path / "s.duckdb"
+    A.open_store(store).close()  # exists before the reader starts
+    log, stop = tmp_path / "reads.jsonl", tmp_path / "stop"
+    reader = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""\
+        import json, os, sys, traceback
+        import archsearch as A
+        print("ready", flush=True)
+        with open({str(log)!r}, "w") as out:
+            while not os.path.exists({str(stop)!r}):
+                try:
+                    with A.open_store({str(store)!r}, read_only=True) as db:
+                        status = {{r["trial_id"]: r["status"] for r in db.trials().to_pylist()}}
+                        points = {{}}
+                        for r in db.metrics().to_pylist():
+                            points[r["trial_id"]] = points.get(r["trial_id"], 0) + 1
+                    out.write(json.dumps({{"status": status, "points": points}}) + "\\n")
+                except Exception as err:
+                    out.write(json.dumps({{"error": traceback.format_exception_only(err)[-1]}}) + "\\n")
+        """)], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert reader.stdout.readline().strip() == "ready"
+        summary = A.run_study(A.load_study(path), store=store, show_progress=False)
+    finally:
+        stop.touch()
+        reader.wait(timeout=60)
+    assert summary.completed == 3
+    reads = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [r["error"] for r in reads if "error" in r] == []
+    live = [(trial, r["points"].get(trial, 0)) for r in reads for trial, s in r["status"].items() if s == "running"]
+    growing = {trial for trial, n in live if n > 0}
+    assert growing, "no running trial ever showed a curve"
+    assert any(len({n for t, n in live if t == trial and n > 0}) > 1 for trial in growing)
+    assert reads[-1]["points"] and len(reads) > 10
+
+
+@pytest.mark.ray
+def test_a_worker_killed_mid_trial_is_retried_from_its_checkpoint(embedded_ray, tmp_path, corpus):
+    """SIGKILL the worker once its first checkpoint is on disk: the trial is
+    retried, the store counts two attempts, and its curve equals an
+    uninterrupted run's."""
+    from archsearch.store import checkpoint_dir
+    from archsearch.train import train_trial
+
+    path = write_study(tmp_path, corpus, shapes="uniform", steps=300, eval_every=50)
+    study = A.load_study(path)
+    (trial,) = A.plan(study)
+    store = tmp_path / "s.duckdb"
+    folder = checkpoint_dir(store, trial.trial_id)
+    killed: list[int] = []
+
+    def kill_the_worker() -> None:
+        deadline = time.monotonic() + 120
+        while not killed and time.monotonic() < deadline:
+            if list(folder.glob("step-*/trainer.pt")):
+                for pid in descendants(os.getpid()):
+                    if "ray::_trial_task" in cmdline(pid):
+                        os.kill(pid, signal.SIGKILL)
+                        killed.append(pid)
+            time.sleep(0.01)
+
+    killer = threading.Thread(target=kill_the_worker, daemon=True)
+    killer.start()
+    summary = A.run_study(study, store=store, show_progress=False)
+    killer.join(timeout=5)
+    assert killed, "the worker finished before it could be killed"
+    assert summary.completed == 1
+    with A.open_store(store, read_only=True) as db:
+        row = db.trials().to_pylist()[0]
+        curve = db.metrics().to_pylist()
+    assert row["status"] == "completed" and row["attempts"] == 2
+    fresh = train_trial(spec=trial.spec, recipe=trial.recipe, data=trial.data, seed=trial.seed, threads=1)
+    assert [r["step"] for r in curve] == [r["step"] for r in fresh.curve]
+    assert [r["val_loss"] for r in curve] == pytest.approx([r["val_loss"] for r in fresh.curve], rel=1e-6)
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_driver_killed_at_several_points_ends_as_an_uninterrupted_run(embedded_ray, tmp_path, corpus):
+    """`archsearch run` is SIGKILLed (with its Ray) right after it registers
+    the study, then mid-trial with points written, then after two trials
+    finished; each `resume` picks up, and the store ends with the trials and
+    curves of a run never interrupted. Off a terminal the output is one line
+    per finished trial plus heartbeats."""
+    path = write_study(tmp_path, corpus, steps=120, eval_every=20)
+    reference = tmp_path / "reference.duckdb"
+    A.run_study(A.load_study(path), store=reference, show_progress=False)
+    store = tmp_path / "killed.duckdb"
+    env = dict(os.environ, ARCHSEARCH_HEARTBEAT_S="0.5")
+
+    def start(command: str) -> tuple[subprocess.Popen, Path]:
+        err = tmp_path / f"{command}-{time.monotonic_ns()}.log"
+        process = subprocess.Popen([sys.executable, "-m", "archsearch.cli", command, str(path), "--store", str(store),
+                                    "--report", str(tmp_path / "r.html")], cwd=ROOT, env=env,
+                                   stdout=subprocess.DEVNULL, stderr=err.open("w"), start_new_session=True)
+        return process, err
+
+    def kill_when(process: subprocess.Popen, ready) -> None:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and process.poll() is None:
+            if store.exists() and ready(*snapshot(store)):
+                break
+            time.sleep(0.05)
+        assert process.poll() is None, "the run ended before the kill point"
+        # The whole machine dies: the driver and every Ray process it started.
+        for pid in [process.pid, *descendants(process.pid)]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        process.wait(timeout=30)
+
+    def statuses(trials: dict) -> list[str]:
+        return [t[0] for t in trials.values()]
+
+    process, _ = start("run")
+    kill_when(process, lambda trials, curves: len(trials) == 3)
+    process, _ = start("resume")
+    kill_when(process, lambda trials, curves: "running" in statuses(trials) and curves)
+    trials, _ = snapshot(store)
+    assert "interrupted" in statuses(trials)  # running trials of the dead driver
+    process, _ = start("resume")
+    kill_when(process, lambda trials, curves: statuses(trials).count("completed") >= 2)
+    process, log = start("resume")
+    assert process.wait(timeout=300) == 0
+    assert snapshot(store) == snapshot(reference)
+    lines = log.read_text().splitlines()
+    assert any(line.startswith("trial ") and "val_loss" in line for line in lines), lines
+    assert any("trials done" in line for line in lines), lines
+    assert not any("\x1b[" in line for line in lines)
