@@ -86,6 +86,43 @@ def test_a_memory_size_reads_with_units_and_a_bad_one_names_the_field(tmp_path):
         A.load_study(tmp_path / "study.yaml")
 
 
+@pytest.mark.parametrize(("per_trial", "max_parallel", "width"), [
+    ({"CPU": 1, "GPU": 0, "memory": 0}, "auto", 8),
+    ({"CPU": 2, "GPU": 0, "memory": 0}, "auto", 4),
+    ({"CPU": 1, "GPU": 0.5, "memory": 0}, "auto", 4),  # fractions pack small trials onto the 2 GPUs
+    ({"CPU": 1, "GPU": 0, "memory": 3 * 2**30}, "auto", 5),
+    ({"CPU": 1, "GPU": 0, "memory": 0}, 3, 3),
+], ids=["cpus", "two-cpus", "half-gpu", "memory", "fixed"])
+def test_trials_at_once_are_what_the_cluster_fits(per_trial, max_parallel, width):
+    from archsearch.execute.driver import _width
+
+    resources = {"CPU": 8.0, "GPU": 2.0, "memory": 16 * 2**30}
+    assert _width(per_trial, resources, max_parallel=max_parallel) == width
+
+
+def test_a_trial_the_cluster_cannot_fit_fails_before_it_waits_forever():
+    from archsearch.execute.driver import _width
+
+    with pytest.raises(A.ArchsearchError, match=r"execution.gpus: each trial asks for 1 but the Ray cluster has 0"):
+        _width({"CPU": 1, "GPU": 1, "memory": 0}, {"CPU": 2.0}, max_parallel="auto")
+
+
+@pytest.mark.parametrize(("address", "auth", "warned"), [
+    ("10.0.0.5:6379", None, True), ("ray://head.example:10001", None, True),
+    ("10.0.0.5:6379", "token", False), ("127.0.0.1:6379", None, False), ("ray://localhost:10001", None, False),
+], ids=["lan", "client", "token", "loopback", "client-loopback"])
+def test_a_cluster_off_loopback_without_auth_gets_a_warning(address, auth, warned, monkeypatch, capsys):
+    from archsearch.execute.driver import _warn_if_open
+
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    if auth:
+        monkeypatch.setenv("RAY_AUTH_MODE", auth)
+    _warn_if_open(address)
+    err = capsys.readouterr().err
+    assert ("without authentication" in err) == warned
+    assert err.count("\n") == int(warned)
+
+
 # helpers for the Ray tests
 
 
@@ -255,14 +292,17 @@ def test_a_worker_killed_mid_trial_is_retried_from_its_checkpoint(embedded_ray, 
     """SIGKILL the worker once its first checkpoint is on disk: the trial is
     retried, the store counts two attempts, and its curve equals an
     uninterrupted run's."""
+    from archsearch.inspect import load_trained
     from archsearch.store import checkpoint_dir
     from archsearch.train import train_trial
 
-    path = write_study(tmp_path, corpus, shapes="uniform", steps=300, eval_every=50)
+    shared = tmp_path / "shared"  # execution.storage: the folder every node would reach
+    path = write_study(tmp_path, corpus, shapes="uniform", steps=300, eval_every=50,
+                       execution=f"storage: {shared}\n")
     study = A.load_study(path)
     (trial,) = A.plan(study)
     store = tmp_path / "s.duckdb"
-    folder = checkpoint_dir(store, trial.trial_id)
+    folder = checkpoint_dir(store, trial.trial_id, storage=shared)
     killed: list[int] = []
 
     def kill_the_worker() -> None:
@@ -288,6 +328,30 @@ def test_a_worker_killed_mid_trial_is_retried_from_its_checkpoint(embedded_ray, 
     fresh = train_trial(spec=trial.spec, recipe=trial.recipe, data=trial.data, seed=trial.seed, threads=1)
     assert [r["step"] for r in curve] == [r["step"] for r in fresh.curve]
     assert [r["val_loss"] for r in curve] == pytest.approx([r["val_loss"] for r in fresh.curve], rel=1e-6)
+    assert not (tmp_path / "s.duckdb.checkpoints").exists()
+    assert load_trained(trial.trial_id, store=store)(fresh_tokens()).shape == (1, 8, 256)
+
+
+def fresh_tokens():
+    import torch
+
+    return torch.randint(0, 256, (1, 8), generator=torch.Generator().manual_seed(0))
+
+
+@pytest.mark.ray
+def test_address_auto_never_joins_a_private_embedded_ray(embedded_ray, tiny_study, tmp_path):
+    """This module's embedded Ray runs; `--address auto` with no cluster
+    started by `ray start` fails in one line instead of joining it (Ray's
+    own "auto" joins any Ray process it finds: the planted mutation of
+    passing "auto" through to ray.init hangs here in another's instance)."""
+    env = dict(os.environ, RAY_TMPDIR=str(tmp_path / "no-cluster-here"))
+    env.pop("RAY_ADDRESS", None)
+    done = subprocess.run([sys.executable, "-m", "archsearch.cli", "run", str(tiny_study), "--store",
+                           str(tmp_path / "s.duckdb"), "--address", "auto"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.startswith("error: --address auto: no cluster started with `ray start`"), done.stderr
+    assert done.stderr.count("\n") == 1
 
 
 @pytest.mark.ray

@@ -124,20 +124,15 @@ def _run_on_ray(todo: list[PlannedTrial], db: Store, study: Study, *, store: str
     owns_ray = not ray.is_initialized()
     private_dir = _start_ray(address) if owns_ray else None
     try:
-        resources = ray.cluster_resources()
-        cpus = execution.cpus or execution.threads_per_trial
-        width = max_parallel or (execution.max_parallel if execution.max_parallel != "auto" else 0)
-        if not width:  # as many as the cluster fits at once
-            fits = [resources.get("CPU", 1) / cpus] + ([resources.get("GPU", 0) / execution.gpus]
-                                                       if execution.gpus else [])
-            width = int(min(fits))
-        options = dict(num_cpus=cpus, num_gpus=execution.gpus, max_retries=0, num_returns="streaming")
-        if execution.memory:
-            options["memory"] = execution.memory
+        per_trial = _per_trial(execution)
+        width = _width(per_trial, ray.cluster_resources(), max_parallel=max_parallel or execution.max_parallel)
+        options = dict(num_cpus=per_trial["CPU"], num_gpus=per_trial["GPU"], max_retries=0,
+                       num_returns="streaming")
+        if per_trial["memory"]:
+            options["memory"] = per_trial["memory"]
         task = ray.remote(**options)(_trial_task)
-        storage = _storage(study)
-        return _Drain(db, task, store=store, storage=storage, threads=execution.threads_per_trial,
-                      retries=execution.retries, progress=progress).run(todo, width=max(1, width))
+        return _Drain(db, task, store=store, storage=_storage(study), threads=execution.threads_per_trial,
+                      retries=execution.retries, progress=progress).run(todo, width=width)
     finally:
         if owns_ray:
             ray.shutdown()
@@ -152,9 +147,10 @@ def _start_ray(address: str | None) -> str | None:
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
     quiet = dict(include_dashboard=False, logging_level="ERROR", log_to_driver=False, configure_logging=True)
     if address not in (None, "local"):
-        if address != "auto":
-            _check_reachable(address)
-            _warn_if_open(address)
+        if address == "auto":
+            address = _recorded_cluster()
+        _check_reachable(address)
+        _warn_if_open(address)
         try:
             ray.init(address=address, **quiet)
         except ConnectionError as err:
@@ -169,6 +165,20 @@ def _start_ray(address: str | None) -> str | None:
     with _loopback_only():
         ray.init(address="local", _temp_dir=folder, **quiet)
     return folder
+
+
+def _recorded_cluster() -> str:
+    """What ``--address auto`` joins: $RAY_ADDRESS, or the cluster ``ray
+    start`` recorded on this machine. Never Ray's own fallback for "auto",
+    which joins any Ray process it finds running: another run's embedded one."""
+    from ray._private.utils import read_ray_address
+
+    found = os.environ.get("RAY_ADDRESS") or read_ray_address()
+    if not found:
+        raise ArchsearchError("--address auto: no cluster started with `ray start` on this machine and RAY_ADDRESS "
+                              "is unset; start one with `ray start --head`, give its HOST:PORT, or leave out "
+                              "--address to run locally")
+    return found
 
 
 @contextmanager
@@ -192,6 +202,33 @@ def _loopback_only() -> Iterator[None]:
             os.environ.pop(variable, None)
         else:
             os.environ[variable] = saved_env
+
+
+def _per_trial(execution: Any) -> dict[str, float]:
+    """What Ray reserves for each trial (CPUs default to its torch threads)."""
+    return {"CPU": execution.cpus or execution.threads_per_trial, "GPU": execution.gpus,
+            "memory": execution.memory or 0}
+
+
+_FIELDS = {"CPU": "cpus", "GPU": "gpus", "memory": "memory"}
+
+
+def _width(per_trial: dict[str, float], resources: dict[str, float], *, max_parallel: int | str) -> int:
+    """Trials at once: ``max_parallel``, or with "auto" as many as the
+    cluster's resources fit. Raises when not even one trial fits, since Ray
+    would wait for such a task forever."""
+    fits = []
+    for name, need in per_trial.items():
+        if need:
+            have = resources.get(name, 0)
+            if have < need:
+                unit = " bytes" if name == "memory" else ""
+                raise ArchsearchError(f"execution.{_FIELDS[name]}: each trial asks for {need:g}{unit} but the Ray "
+                                      f"cluster has {have:g}{unit} in all; lower it or add nodes that have it")
+            fits.append(int(have // need))
+    if max_parallel != "auto":
+        return int(max_parallel)
+    return max(1, min(fits or [1]))
 
 
 class _Drain:
