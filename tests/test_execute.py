@@ -246,11 +246,16 @@ def test_a_diverged_trial_is_never_completed_best_or_on_the_front(embedded_ray, 
 
 
 @pytest.mark.ray
-def test_a_reader_in_another_process_sees_the_study_grow_without_lock_errors(embedded_ray, tmp_path, corpus):
+@pytest.mark.slow
+def test_a_reader_in_another_process_sees_the_study_grow_without_lock_errors(embedded_ray, tmp_path, corpus,
+                                                                           monkeypatch):
     """A second process reads the store throughout a run: never a lock
     error, and curves of trials still running grow point by point
     (planted mutation: writing eval points only in `finish` leaves no
     running trial with a curve)."""
+    from archsearch.execute import driver
+
+    monkeypatch.setattr(driver, "POINTS_EVERY_S", 0.1)  # trials here last about a second
     path = write_study(tmp_path, corpus, steps=160, eval_every=20)
     store = tmp_path / "s.duckdb"
     A.open_store(store).close()  # exists before the reader starts

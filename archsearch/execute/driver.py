@@ -35,6 +35,8 @@ from archsearch.store import RunLock, Store, checkpoint_dir, open_store
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 DEFAULT_HEARTBEAT_S = 30.0
+# Evaluation points of running trials reach the store at most this late.
+POINTS_EVERY_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -232,7 +234,14 @@ def _width(per_trial: dict[str, float], resources: dict[str, float], *, max_para
 
 
 class _Drain:
-    """Keeps ``width`` trials running and records everything they report."""
+    """Keeps ``width`` trials running and records everything they report.
+
+    What a pass through the loop gathers (results, failures, the trials it
+    starts, and evaluation points at most ``POINTS_EVERY_S`` old) is written
+    in one transaction: on a busy machine a DuckDB transaction costs tens of
+    milliseconds, most of it opening and closing the file, so a short trial
+    costs one transaction, not four.
+    """
 
     def __init__(self, db: Store, task: Any, *, store: str | Path, storage: str | None, threads: int, retries: int,
                  progress: TrialProgress):
@@ -240,73 +249,97 @@ class _Drain:
         self.threads, self.retries, self.progress = threads, retries, progress
         self.counts = {"completed": 0, "failed": 0, "diverged": 0}
         self.running: dict[Any, tuple[PlannedTrial, int, float]] = {}  # generator -> trial, attempt, started
+        self.again: deque[tuple[PlannedTrial, int]] = deque()  # retries of trials whose worker died
+        self.points: list[tuple[str, dict]] = []  # evaluations not yet written
+        self.points_since = time.monotonic()
 
     def run(self, todo: list[PlannedTrial], *, width: int) -> dict[str, int]:
-        import ray
-
-        queue = deque(todo)
-        while queue or self.running:
-            while queue and len(self.running) < width:
-                self._submit(queue.popleft(), attempt=1)
+        queue = deque((trial, 1) for trial in todo)
+        while queue or self.again or self.running:
+            ended = [event for generator in self._ready() for event in self._take(generator)]
+            starting = []
+            while (queue or self.again) and len(self.running) + len(starting) < width:
+                starting.append(self.again.popleft() if self.again else queue.popleft())
+            due = self.points and time.monotonic() - self.points_since >= POINTS_EVERY_S
+            if ended or starting or due:
+                self._write(ended, starting)
+            # Started only once the store says so: a kill in between leaves
+            # them `running` with no driver, which reads as interrupted.
+            for trial, attempt in starting:
+                self._submit(trial, attempt=attempt)
             self.progress.update(completed=self.counts["completed"], running=len(self.running),
                                  failed=self.counts["failed"] + self.counts["diverged"])
-            generators = list(self.running)
-            ready, _ = ray.wait(generators, num_returns=len(generators), timeout=0)
-            if not ready:
-                ready, _ = ray.wait(generators, num_returns=1, timeout=0.5)
-            points: list[tuple[str, dict]] = []
-            for generator in ready:
-                self._take(generator, points)
-            self.db.add_points(points)
         return self.counts
 
+    def _ready(self) -> list[Any]:
+        import ray
+
+        generators = list(self.running)
+        if not generators:
+            return []
+        ready, _ = ray.wait(generators, num_returns=len(generators), timeout=0)
+        if not ready:
+            ready, _ = ray.wait(generators, num_returns=1, timeout=0.5)
+        return ready
+
+    def _write(self, ended: list[tuple], starting: list[tuple[PlannedTrial, int]]) -> None:
+        """Points, then ended trials, then the trials about to start: one transaction."""
+        with self.db.transaction() as con:
+            self.db.add_points(self.points, con=con)
+            for trial, kind, value, wall_s in ended:
+                if kind == "result":
+                    status = self.db.finish(trial.trial_id, value, con=con)
+                else:
+                    status, error = kind, value
+                    self.db.fail(trial.trial_id, error, status=status, con=con)
+                self.counts[status] += 1
+                if kind == "result":
+                    self.progress.finished(trial_id=trial.trial_id, label=_label(trial), status=status,
+                                           val_loss=value["val_loss"], wall_s=wall_s)
+                else:
+                    self.progress.note(f"trial {trial.trial_id} {status}: {error}")
+            for trial, _ in starting:
+                self.db.mark_running(trial.trial_id, con=con)
+        self.points, self.points_since = [], time.monotonic()
+
     def _submit(self, trial: PlannedTrial, *, attempt: int) -> None:
-        self.db.mark_running(trial.trial_id)
         payload = dict(spec=trial.spec.to_dict(), recipe=trial.recipe, data=trial.data, seed=trial.seed,
                        threads=self.threads,
                        checkpoint_dir=str(checkpoint_dir(self.store, trial.trial_id, storage=self.storage)))
         self.running[self.task.remote(payload)] = (trial, attempt, time.perf_counter())
 
-    def _take(self, generator: Any, points: list[tuple[str, dict]]) -> None:
-        """One item from a ready trial: an evaluation point, its result, or its error."""
+    def _take(self, generator: Any) -> list[tuple]:
+        """Every item a ready trial has sent: its points are kept; its end,
+        ``(trial, "result" | "failed" | "diverged", result or error, wall_s)``,
+        is returned. A dead worker's trial is queued again instead."""
         import ray
 
         trial, attempt, started = self.running[generator]
-        try:
-            kind, value = ray.get(next(generator))
-        except StopIteration:  # the result came before; nothing more
+        while True:
+            try:
+                kind, value = ray.get(next(generator))
+            except StopIteration:  # ended without a result (it always sends one)
+                kind, value = "failed", "the trial's worker ended without a result"
+            except (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError,
+                    ray.exceptions.ObjectLostError, ray.exceptions.OwnerDiedError) as err:
+                kind, value = "failed", f"worker died {attempt} times ({type(err).__name__})"
+                if attempt <= self.retries:  # again, from its newest checkpoint
+                    del self.running[generator]
+                    self.progress.note(f"trial {trial.trial_id}: worker died ({type(err).__name__}); "
+                                       f"retry {attempt} of {self.retries}")
+                    self.again.append((trial, attempt + 1))
+                    return []
+            except Exception as err:  # a trial's failure is recorded, never fatal to the study
+                cause = getattr(err, "cause", None) or err
+                kind = "diverged" if isinstance(cause, FloatingPointError) else "failed"
+                value = _one_line(err)
+            if kind == "eval":
+                self.points.append((trial.trial_id, value))
+                if ray.wait([generator], timeout=0)[0]:
+                    continue
+                return []
             del self.running[generator]
-            return
-        except (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError,
-                ray.exceptions.ObjectLostError, ray.exceptions.OwnerDiedError) as err:
-            del self.running[generator]
-            self.db.add_points(points)  # what it reported before dying stays
-            points.clear()
-            if attempt <= self.retries:  # again, from its newest checkpoint
-                self.progress.note(f"trial {trial.trial_id}: worker died ({type(err).__name__}); "
-                                   f"retry {attempt} of {self.retries}")
-                self._submit(trial, attempt=attempt + 1)
-            else:
-                self._record_failure(trial, f"worker died {attempt} times ({type(err).__name__})", "failed")
-            return
-        except Exception as err:  # a trial's failure is recorded, never fatal to the study
-            del self.running[generator]
-            cause = getattr(err, "cause", None) or err
-            status = "diverged" if isinstance(cause, FloatingPointError) else "failed"
-            self._record_failure(trial, _one_line(err), status)
-            return
-        if kind == "eval":
-            points.append((trial.trial_id, value))
-            return
-        status = self.db.finish(trial.trial_id, value)
-        self.counts[status] += 1
-        self.progress.finished(trial_id=trial.trial_id, label=_label(trial), status=status,
-                               val_loss=value["val_loss"], wall_s=time.perf_counter() - started)
-
-    def _record_failure(self, trial: PlannedTrial, error: str, status: str) -> None:
-        self.db.fail(trial.trial_id, error, status=status)
-        self.counts[status] += 1
-        self.progress.note(f"trial {trial.trial_id} {status}: {error}")
+            return [(trial, kind, value, time.perf_counter() - started)]
 
 
 def _label(trial: PlannedTrial) -> str:

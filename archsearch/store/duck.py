@@ -118,7 +118,10 @@ class Store:
 
     @contextmanager
     def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
-        """A write transaction: everything inside lands together or not at all."""
+        """A write transaction: everything inside lands together or not at all.
+
+        Pass it as ``con=`` to the writing methods to group several writes.
+        """
         with self._connect() as con:
             con.execute("BEGIN TRANSACTION")
             try:
@@ -127,6 +130,15 @@ class Store:
                 con.execute("ROLLBACK")
                 raise
             con.execute("COMMIT")
+
+    @contextmanager
+    def _within(self, con: duckdb.DuckDBPyConnection | None) -> Iterator[duckdb.DuckDBPyConnection]:
+        """The caller's transaction, or a new one of its own."""
+        if con is not None:
+            yield con
+            return
+        with self.transaction() as own:
+            yield own
 
     def _check_version(self, con: duckdb.DuckDBPyConnection) -> None:
         try:
@@ -186,29 +198,29 @@ class Store:
             con.execute("UPDATE trials SET status = 'interrupted' WHERE status = 'running'")
         return count
 
-    def mark_running(self, trial_id: str) -> None:
+    def mark_running(self, trial_id: str, *, con: duckdb.DuckDBPyConnection | None = None) -> None:
         """A new attempt at the trial begins (``attempts`` counts them)."""
-        with self.transaction() as con:
+        with self._within(con) as con:
             con.execute("UPDATE trials SET status = 'running', attempts = attempts + 1 WHERE trial_id = ?",
                         [trial_id])
 
-    def add_points(self, points: list[tuple[str, dict]]) -> None:
+    def add_points(self, points: list[tuple[str, dict]], *, con: duckdb.DuckDBPyConnection | None = None) -> None:
         """Evaluation rows ``(trial_id, row)`` of trials still training, so a
         reader sees their curves grow; ``finish`` later writes the whole curve."""
         if points:
-            with self.transaction() as con:
+            with self._within(con) as con:
                 con.executemany(
                     "INSERT OR REPLACE INTO metrics VALUES (?, ?, ?, ?, ?, ?, ?)",
                     [_metric_row(trial_id, row) for trial_id, row in points])
 
-    def finish(self, trial_id: str, result: dict) -> str:
+    def finish(self, trial_id: str, result: dict, *, con: duckdb.DuckDBPyConnection | None = None) -> str:
         """Record a trained trial and its evaluation curve in one transaction.
 
         A final loss that is NaN or infinite makes the trial ``diverged`` (with
         the reason in ``error``), never ``completed``. Returns the status written.
         """
         diverged = _divergence(result)
-        with self.transaction() as con:
+        with self._within(con) as con:
             con.execute(
                 "UPDATE trials SET status = ?, error = ?, train_loss = ?, val_loss = ?, val_accuracy = ?, "
                 "steps = ?, tokens = ?, wall_time_s = ?, tokens_per_s = ?, code_version = ?, finished_at = ? "
@@ -233,10 +245,11 @@ class Store:
             "FROM (SELECT sweep_group FROM trials WHERE trial_id = ?) g "
             "WHERE trials.sweep_group = g.sweep_group AND trials.sweep_group IS NOT NULL", [trial_id])
 
-    def fail(self, trial_id: str, error: str, *, status: str = "failed") -> None:
+    def fail(self, trial_id: str, error: str, *, status: str = "failed",
+             con: duckdb.DuckDBPyConnection | None = None) -> None:
         """Record a trial that ended without a result (``failed``, or ``diverged``
         when training itself blew up)."""
-        with self.transaction() as con:
+        with self._within(con) as con:
             con.execute("UPDATE trials SET status = ?, error = ?, finished_at = ? WHERE trial_id = ?",
                         [status, error, _now(), trial_id])
 
