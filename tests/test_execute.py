@@ -413,3 +413,17 @@ def test_a_driver_killed_at_several_points_ends_as_an_uninterrupted_run(embedded
     assert any(line.startswith("trial ") and "val_loss" in line for line in lines), lines
     assert any("trials done" in line for line in lines), lines
     assert not any("\x1b[" in line for line in lines)
+
+
+def test_a_second_run_on_a_busy_store_refuses_in_one_line_before_starting_ray(tiny_study, tmp_path):
+    from typer.testing import CliRunner
+
+    from archsearch.cli import app
+    from archsearch.store import RunLock
+
+    store = tmp_path / "s.duckdb"
+    with RunLock(store, study="other"):
+        result = CliRunner().invoke(app, ["run", str(tiny_study), "--store", str(store)])
+    assert result.exit_code == 1
+    assert result.output.startswith(f"error: {store} is being written by another run (study 'other', pid")
+    assert result.output.count("\n") == 1
