@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -293,21 +294,26 @@ def test_a_reader_in_another_process_sees_the_study_grow_without_lock_errors(emb
 
 
 @pytest.mark.ray
-def test_a_worker_killed_mid_trial_is_retried_from_its_checkpoint(embedded_ray, tmp_path, corpus):
-    """SIGKILL the worker once its first checkpoint is on disk: the trial is
-    retried, the store counts two attempts, and its curve equals an
-    uninterrupted run's."""
+@pytest.mark.parametrize("storage", ["folder", "uri"])
+def test_a_worker_killed_mid_trial_is_retried_from_its_checkpoint(embedded_ray, tmp_path, corpus, storage, capfd):
+    """SIGKILL the worker once its first checkpoint is in the study's
+    storage (a shared folder, or a pyarrow URI the worker mirrors a local
+    folder to): the trial is retried from that checkpoint, the store counts
+    two attempts, its curve equals an uninterrupted run's, and the model
+    loads from there (planted mutation: `pull` copying nothing restarts the
+    retry at step 0)."""
     from archsearch.inspect import load_trained
     from archsearch.store import checkpoint_dir
     from archsearch.train import train_trial
 
-    shared = tmp_path / "shared"  # execution.storage: the folder every node would reach
+    shared = tmp_path / "shared"  # execution.storage: what every node would reach
+    location = shared if storage == "folder" else f"file://{shared}"
     path = write_study(tmp_path, corpus, shapes="uniform", steps=300, eval_every=50,
-                       execution=f"storage: {shared}\n")
+                       execution=f"storage: {location}\n")
     study = A.load_study(path)
     (trial,) = A.plan(study)
     store = tmp_path / "s.duckdb"
-    folder = checkpoint_dir(store, trial.trial_id, storage=shared)
+    folder = Path(str(checkpoint_dir(store, trial.trial_id, storage=location)).removeprefix("file://"))
     killed: list[int] = []
 
     def kill_the_worker() -> None:
@@ -322,9 +328,11 @@ def test_a_worker_killed_mid_trial_is_retried_from_its_checkpoint(embedded_ray, 
 
     killer = threading.Thread(target=kill_the_worker, daemon=True)
     killer.start()
-    summary = A.run_study(study, store=store, show_progress=False)
+    summary = A.run_study(study, store=store, show_progress=True, heartbeat_s=1e9)
     killer.join(timeout=5)
     assert killed, "the worker finished before it could be killed"
+    # the second attempt started where the first one's checkpoint left it, not from step 0
+    assert re.search(rf"trial {trial.trial_id}: attempt 2 resumes from step [1-9]\d*", capfd.readouterr().err)
     assert summary.completed == 1
     with A.open_store(store, read_only=True) as db:
         row = db.trials().to_pylist()[0]

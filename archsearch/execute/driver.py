@@ -85,29 +85,41 @@ def run_study(study: Study, *, store: str | Path = "archsearch.duckdb", address:
 
 
 def _trial_task(payload: dict):
-    """Runs inside a Ray worker: yields ("eval", row) as the trial evaluates,
-    then ("result", TrialResult dict). Training runs on a thread so its
-    evaluations can leave while it goes on."""
+    """Runs inside a Ray worker: yields ("resumed", step) when it starts from
+    a checkpoint, ("eval", row) as the trial evaluates, then ("result",
+    TrialResult dict). Training runs on a thread so its evaluations can
+    leave while it goes on."""
     import queue
     import threading
 
     from archsearch.arch.spec import ArchSpec
-    from archsearch.train import train_trial
+    from archsearch.train import checkpoint, train_trial
 
     rows: queue.Queue = queue.Queue()
     outcome: dict = {}
+    location = payload["checkpoint_dir"]
+    # Object storage: train into a local folder, mirrored there after each write.
+    local = tempfile.mkdtemp(prefix="archsearch-trial-") if checkpoint.is_uri(location) else None
+    if local is not None:
+        checkpoint.pull(location, local)
 
     def train() -> None:
         try:
             outcome["result"] = train_trial(
                 spec=ArchSpec.from_dict(payload["spec"]), recipe=payload["recipe"], data=payload["data"],
-                seed=payload["seed"], threads=payload["threads"], checkpoint_dir=payload["checkpoint_dir"],
-                on_eval=rows.put).to_dict()
+                seed=payload["seed"], threads=payload["threads"], checkpoint_dir=local or location,
+                on_eval=rows.put,
+                on_checkpoint=(lambda folder: checkpoint.push(folder, location)) if local else None).to_dict()
         except BaseException as err:  # re-raised below, in the task's own thread
             outcome["error"] = err
         finally:
             rows.put(None)
+            if local is not None:
+                shutil.rmtree(local, ignore_errors=True)
 
+    found = checkpoint.latest(local or location)
+    if found is not None:
+        yield ("resumed", int(found.name.removeprefix(checkpoint.STEP_PREFIX)))
     thread = threading.Thread(target=train, name="trial", daemon=True)
     thread.start()
     while (row := rows.get()) is not None:
@@ -333,8 +345,11 @@ class _Drain:
                 cause = getattr(err, "cause", None) or err
                 kind = "diverged" if isinstance(cause, FloatingPointError) else "failed"
                 value = _one_line(err)
-            if kind == "eval":
+            if kind == "resumed":
+                self.progress.note(f"trial {trial.trial_id}: attempt {attempt} resumes from step {value}")
+            elif kind == "eval":
                 self.points.append((trial.trial_id, value))
+            if kind in ("resumed", "eval"):
                 if ray.wait([generator], timeout=0)[0]:
                     continue
                 return []
@@ -349,8 +364,11 @@ def _label(trial: PlannedTrial) -> str:
 
 
 def _storage(study: Study) -> str | None:
+    """``execution.storage`` as an absolute path, or the URI as written."""
     storage = study.execution.storage
-    return str(Path(storage).expanduser().resolve()) if storage else None
+    if not storage or "://" in storage:
+        return storage
+    return str(Path(storage).expanduser().resolve())
 
 
 def _check_reachable(address: str, timeout: float = 5.0) -> None:

@@ -228,7 +228,8 @@ class Execution(Strict):
     memory: Annotated[int | None, BeforeValidator(_memory_bytes), Field(ge=1)] = Field(
         default=None, description="memory Ray reserves per trial: 4GiB, 512MB or bytes")
     storage: str | None = Field(
-        default=None, description="folder for checkpoints that every node reaches (a shared file system); "
+        default=None, description="where checkpoints go, reachable from every node: a shared folder, or a "
+                                  "URI pyarrow opens (s3://bucket/path, gs://..., file:///...); "
                                   "default: beside the store")
 
 

@@ -332,20 +332,23 @@ def _metric_row(trial_id: str, row: dict) -> list:
             _finite(row["val_accuracy"]), row["lr"]]
 
 
-def checkpoint_dir(store: str | Path, trial_id: str, *, storage: str | Path | None = None) -> Path:
+def checkpoint_dir(store: str | Path, trial_id: str, *, storage: str | Path | None = None) -> Path | str:
     """Where a trial keeps its checkpoints and final model.
 
     By default beside the store, in a folder named after the store's whole
     file name (``cp.duckdb`` and ``cp.db`` never share one). With
     ``storage`` (the study's ``execution.storage``: a folder every node of a
-    cluster reaches), under it, in a folder named after the store's name and
-    absolute path, so a trial retried on another node finds its checkpoint.
+    cluster reaches, or a URI such as ``s3://bucket/runs``, returned as a
+    string), under it, in a folder named after the store's name and absolute
+    path, so a trial retried on another node finds its checkpoint.
     """
     store = Path(store).resolve()
     if storage is None:
         return store.parent / f"{store.name}.checkpoints" / trial_id
-    tag = hashlib.sha256(str(store).encode()).hexdigest()[:10]
-    return Path(storage).expanduser().resolve() / f"{store.name}-{tag}.checkpoints" / trial_id
+    folder = f"{store.name}-{hashlib.sha256(str(store).encode()).hexdigest()[:10]}.checkpoints"
+    if "://" in str(storage):
+        return f"{str(storage).rstrip('/')}/{folder}/{trial_id}"
+    return Path(storage).expanduser().resolve() / folder / trial_id
 
 
 def open_store(path: str | Path = "archsearch.duckdb", *, read_only: bool = False,
