@@ -435,3 +435,39 @@ def test_a_second_run_on_a_busy_store_refuses_in_one_line_before_starting_ray(ti
     assert result.exit_code == 1
     assert result.output.startswith(f"error: {store} is being written by another run (study 'other', pid")
     assert result.output.count("\n") == 1
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_address_auto_joins_a_cluster_started_with_ray_start(tiny_study, tmp_path):
+    """A head started with `ray start` (its own temp folder, found through
+    RAY_TMPDIR as `auto` would find /tmp/ray): the study runs on it, with the
+    warning about its address being reachable without authentication.
+    The cluster is stopped by the process ids of its processes."""
+    import shutil
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="asrt-", dir="/tmp")  # short: Ray's socket paths are capped
+    env = dict(os.environ, RAY_TMPDIR=folder, RAY_AUTH_MODE="disabled")
+    env.pop("RAY_ADDRESS", None)
+    ray_cli = [sys.executable, "-m", "ray.scripts.scripts"]
+    try:
+        subprocess.run([*ray_cli, "start", "--head", "--port", "0", "--temp-dir", f"{folder}/ray", "--num-cpus", "1",
+                        "--include-dashboard", "false", "--disable-usage-stats"], env=env, check=True,
+                       capture_output=True, timeout=120, start_new_session=True)
+        store = tmp_path / "s.duckdb"
+        done = subprocess.run([sys.executable, "-m", "archsearch.cli", "run", str(tiny_study), "--store", str(store),
+                               "--address", "auto", "--report", str(tmp_path / "r.html")], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert "without authentication" in done.stderr
+        with A.open_store(store, read_only=True) as db:
+            assert {r["status"] for r in db.trials().to_pylist()} == {"completed"}
+    finally:
+        daemons = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and folder in cmdline(int(p.name))]
+        for pid in {*daemons, *(child for pid in daemons for child in descendants(pid))}:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        shutil.rmtree(folder, ignore_errors=True)

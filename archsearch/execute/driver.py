@@ -168,9 +168,12 @@ def _start_ray(address: str | None) -> str | None:
         try:
             ray.init(address=address, **quiet)
         except ConnectionError as err:
+            hint = ("start one with `ray start --head`, or leave out --address to run locally"
+                    if _token_mode() else
+                    "if it uses token authentication (what `ray start --head` turns on since Ray 2.59), "
+                    "set RAY_AUTH_MODE=token; Ray reads the token from ~/.ray/auth_token or $RAY_AUTH_TOKEN")
             raise ArchsearchError(f"cannot join the Ray cluster at '{address}': {str(err).splitlines()[0]}; "
-                                  "start one with `ray start --head`, or leave out --address to run "
-                                  "locally") from None
+                                  f"{hint}") from None
         return None
     # Session files in a folder of our own: `ray.init("auto")` looks for a
     # cluster under /tmp/ray and so never joins this one. Short prefix: Ray
@@ -395,10 +398,14 @@ def _warn_if_open(address: str) -> None:
     """A cluster reached over the network without Ray's token authentication
     runs whatever anyone who can reach its port sends it."""
     host, _ = _host_port(address)
-    if host not in LOOPBACK and os.environ.get("RAY_AUTH_MODE", "").lower() != "token":
+    if host not in LOOPBACK and not _token_mode():
         print(f"warning: joining the Ray cluster at {address} without authentication: anyone who can reach "
               "that port can run code on the cluster; start it with token authentication and set "
               "RAY_AUTH_MODE=token here", file=sys.stderr)
+
+
+def _token_mode() -> bool:
+    return os.environ.get("RAY_AUTH_MODE", "").lower() == "token"
 
 
 def _one_line(err: BaseException) -> str:
