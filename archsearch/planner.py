@@ -1,9 +1,10 @@
 """Plan a study: every trial it would run, with solved widths, and no training.
 
 A trial is a point of the space x a budget target x a seed (x an arm, for
-looped protocols). Its id hashes the resolved spec, recipe, data and seed, so
-the same work always has the same id and a store never trains it twice. Every
-trial is matched on one measure and reports all of them.
+the looped and HRM protocols). Its id hashes the resolved spec, recipe, data
+and seed (and a baseline's partner), so the same work always has the same id
+and a store never trains it twice. Every trial is matched on one measure and
+reports all of them.
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from archsearch import __version__
-from archsearch.arch.families import layer_count, spec_maker
+from archsearch.arch.families import SpecMaker, layer_count, spec_maker
 from archsearch.arch.spec import ArchSpec
+from archsearch.arch.structures.memory import overhead as memory_overhead
 from archsearch.budget import (
     BudgetError,
+    Solution,
     count_params,
     flops_per_token,
     solve,
@@ -57,15 +60,24 @@ class PlannedTrial:
         out.update(family=self.spec.family, structure=self.spec.structure, d_model=self.spec.d_model,
                    num_layers=self.spec.num_layers, mlp_widths=list(self.spec.mlp_widths),
                    spec=self.spec.to_dict(), recipe=self.recipe, data=self.data)
+        if self.spec.structure == "memory":  # the paper reports it: "+3.7% parameters"
+            out["memory_overhead"] = memory_overhead(self.spec)
         return out
 
 
 def plan(study: Study) -> list[PlannedTrial]:
     """Every trial of ``study`` with solved widths; builds no torch module.
 
-    Raises ``SpecError`` (pointing at the budget target) when a target cannot
-    be reached.
+    Raises ``SpecError`` (pointing at the budget target, naming the trial)
+    when a target cannot be reached: every trial's exact measure is within
+    ``budget.tolerance`` of its target, or the plan is refused.
     """
+    return plan_points(study, expand(study.space))
+
+
+def plan_points(study: Study, points: list[dict[str, Any]]) -> list[PlannedTrial]:
+    """The trials of given resolved points (``expand`` or a sampler's
+    proposals): each point at every budget target and seed."""
     space, budget = study.space, study.budget
     vocab = vocab_size_of(study.data.model_dump())
     recipes = _recipes(study.recipe.model_dump())
@@ -74,33 +86,73 @@ def plan(study: Study) -> list[PlannedTrial]:
     measure = _measure(budget.match, seq_len=seq_len, embeddings=budget.count_embeddings)
     trials, seen = [], set()
 
-    def add(axes: dict, seed: int, match: str, target: float, achieved: float, spec: ArchSpec) -> None:
-        group = trial_id(spec, dict(recipes[0], lr="sweep"), data, seed) if len(recipes) > 1 else None
+    def add(axes: dict, seed: int, arm: Arm, partner: ArchSpec | None, index: int) -> None:
+        # a protocol's baseline belongs to its partner: two partners never share one baseline trial
+        def paired(recipe: dict) -> str | None:
+            return trial_id(partner, recipe, data, seed) if partner is not None else None
+
+        swept = dict(recipes[0], lr="sweep")
+        group = trial_id(arm.spec, swept, data, seed, paired(swept)) if len(recipes) > 1 else None
         for recipe in recipes:
             arm_axes = dict(axes, lr=recipe["lr"]) if group else axes
-            trial = _trial(study, arm_axes, seed, match, target, achieved, spec, recipe, data, seq_len, group)
+            pair = paired(recipe)
+            trial = _trial(study, arm_axes, seed, arm, recipe, data, seq_len, group, pair)
+            if abs(trial.match_error) > budget.tolerance:
+                raise _budget_error(study, index, arm_axes, BudgetError(
+                    f"achieves {trial.achieved:.6g} against {trial.target:.6g} ({trial.match_error:+.2%}), "
+                    f"outside the tolerance of {budget.tolerance:.2%}", hint="raise budget.tolerance"))
             if trial.trial_id not in seen:
                 seen.add(trial.trial_id)
                 trials.append(trial)
 
-    for point in expand(space):
+    for point in points:
         make = spec_maker(point, space.model, vocab_size=vocab)
+        solver = _solver(study, point)
         for index, target in enumerate(budget.target_list()):
             try:
-                solution = solve(target=target, make_spec=make, measure=measure, num_layers=layer_count(point),
-                                 head_dim=space.model.head_dim, mlp_ratio=space.model.mlp_ratio,
-                                 multiple_of=space.model.multiple_of, tolerance=budget.tolerance,
-                                 solve_for=budget.solve_for, d_model=space.model.d_model)
+                solution = solver(target=target, make_spec=make, measure=measure)
+                arms = [Arm(point["family"], budget.match, target, solution.achieved, solution.spec)]
+                if budget.protocol != "none" and point["family"] in PAIRED:
+                    arms.append(_baseline_arm(study, point, make, solution.spec, solver))
             except BudgetError as err:
                 raise _budget_error(study, index, point, err) from None
-            arms = [("looped", point, budget.match, target, solution.achieved, solution.spec)]
-            if budget.protocol != "none" and point["family"] == "looped":
-                arms = [("looped", *arms[0][1:]), _baseline_arm(budget.protocol, point, solution.spec, seq_len)]
-            for arm, axes, match, arm_target, achieved, spec in arms:
-                axes = dict(axes, arm=arm) if len(arms) > 1 else axes
+            except ValueError as err:  # the point makes no valid model (HRM with one layer)
+                raise _point_error(study, point, err) from None
+            _check_carry(study, solution.spec)
+            for arm in arms:
+                axes = dict(point, arm=arm.name) if len(arms) > 1 else point
+                partner = arms[0].spec if arm.name == "baseline" else None
                 for seed in study.seeds:
-                    add(axes, seed, match, arm_target, achieved, spec)
+                    add(axes, seed, arm, partner, index)
     return trials
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One model a point and target plan: the point's own, or a protocol's baseline."""
+
+    name: str
+    match: str
+    target: float
+    achieved: float
+    spec: ArchSpec
+
+
+# the families a protocol pairs with a baseline: looped with a plain stack, HRM with the Universal Transformer
+PAIRED = ("looped", "hrm")
+
+
+def _solver(study: Study, point: dict):
+    """``solve`` with the space's width rules filled in; takes target, make_spec, measure (and overrides)."""
+    model, budget = study.space.model, study.budget
+
+    def solver(**kwargs) -> Solution:
+        settings = dict(num_layers=layer_count(point), head_dim=model.head_dim, mlp_ratio=model.mlp_ratio,
+                        multiple_of=model.multiple_of, tolerance=budget.tolerance, solve_for=budget.solve_for,
+                        d_model=model.d_model)
+        return solve(**{**settings, **kwargs})
+
+    return solver
 
 
 def _recipes(recipe: dict) -> list[dict]:
@@ -111,21 +163,41 @@ def _recipes(recipe: dict) -> list[dict]:
     return [recipe]
 
 
-def _baseline_arm(protocol: str, point: dict, looped: ArchSpec, seq_len: int) -> tuple:
-    """The protocol's comparison model for a looped trial.
+def _baseline_arm(study: Study, point: dict, make: SpecMaker, partner: ArchSpec, solver) -> Arm:
+    """The protocol's comparison model for a looped or HRM trial, width-solved to it.
 
-    iso_param: the same k layers applied once (same parameters, fewer FLOPs);
-    iso_flop: loops x k distinct layers (same FLOPs, more parameters).
+    Looped k x L: iso_param is the same k layers applied once, iso_flop is
+    L x k distinct layers; HRM (N cycles of T fast steps): the Universal
+    Transformer over the same layers for N * T steps (the HRM-LM paper's
+    unrolled depth). The baseline's MLP width is then solved at the
+    partner's d_model (d_model too, if that cannot reach it) so it has the
+    partner's parameters (iso_param) or training FLOPs (iso_flop), per-loop
+    heads and gates included.
     """
-    loops = looped.options["loops"]
-    layers = looped.layers if protocol == "iso_param" else looped.layers * loops
-    baseline = replace(looped, structure="stack", options={}, layers=layers)
-    if protocol == "iso_param":
-        target, achieved = count_params(looped), count_params(baseline)
+    protocol, seq_len = study.budget.protocol, study.data.seq_len
+    embeddings = study.budget.count_embeddings
+    if point["family"] == "looped":
+        copies = 1 if protocol == "iso_param" else partner.options["loops"]
+
+        def make_baseline(d: int, width: int) -> ArchSpec:
+            looped = make(d, width)
+            return replace(looped, structure="stack", options={}, layers=looped.layers * copies)
     else:
-        target = flops_per_token(looped, seq_len=seq_len)
-        achieved = flops_per_token(baseline, seq_len=seq_len)
-    return ("baseline", point, protocol, target, achieved, baseline)
+        steps = partner.options["N"] * partner.options["T"]
+
+        def make_baseline(d: int, width: int) -> ArchSpec:
+            return replace(make(d, width), family="universal", structure="universal", options={"steps": steps})
+    measure = _measure("params" if protocol == "iso_param" else "flops", seq_len=seq_len, embeddings=embeddings)
+    target = measure(partner)
+    try:
+        solution = solver(target=target, make_spec=make_baseline, measure=measure, solve_for="mlp",
+                          d_model=partner.d_model)
+    except BudgetError:
+        try:
+            solution = solver(target=target, make_spec=make_baseline, measure=measure)
+        except BudgetError as err:
+            raise BudgetError(f"its {protocol} baseline: {err}", closest=err.closest, hint=err.hint) from None
+    return Arm("baseline", protocol, target, solution.achieved, solution.spec)
 
 
 def _measure(match: str, *, seq_len: int, embeddings: bool):
@@ -136,28 +208,54 @@ def _measure(match: str, *, seq_len: int, embeddings: bool):
     return lambda spec: state_size(spec, seq_len=seq_len)
 
 
-def trial_id(spec: ArchSpec, recipe: dict, data: dict, seed: int) -> str:
-    """Hash of everything that determines a trial's result."""
-    blob = json.dumps({"spec": spec.to_dict(), "recipe": recipe, "data": data, "seed": seed}, sort_keys=True)
+def trial_id(spec: ArchSpec, recipe: dict, data: dict, seed: int, pair: str | None = None) -> str:
+    """Hash of everything that determines a trial's result (and, for a protocol's baseline, the
+    id of the trial it is the baseline of)."""
+    described = {"spec": spec.to_dict(), "recipe": recipe, "data": data, "seed": seed}
+    if pair is not None:
+        described["pair"] = pair
+    blob = json.dumps(described, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def _trial(study: Study, axes: dict, seed: int, match: str, target: float, achieved: float, spec: ArchSpec,
-           recipe: dict, data: dict, seq_len: int, sweep_group: str | None) -> PlannedTrial:
+def _trial(study: Study, axes: dict, seed: int, arm: Arm, recipe: dict, data: dict, seq_len: int,
+           sweep_group: str | None, pair: str | None) -> PlannedTrial:
+    spec = arm.spec
     try:
         state = state_size(spec, seq_len=seq_len)
     except NotImplementedError:
         state = None
     return PlannedTrial(
-        trial_id=trial_id(spec, recipe, data, seed), study=study.name, axes=axes, seed=seed, match=match,
-        target=target, achieved=achieved, match_error=achieved / target - 1, params=count_params(spec),
-        total_params=count_params(spec, embeddings=True), flops_per_token=flops_per_token(spec, seq_len=seq_len),
-        state=state, sweep_group=sweep_group, spec=spec, recipe=recipe, data=data)
+        trial_id=trial_id(spec, recipe, data, seed, pair), study=study.name, axes=axes, seed=seed,
+        match=arm.match, target=arm.target, achieved=arm.achieved, match_error=arm.achieved / arm.target - 1,
+        params=count_params(spec), total_params=count_params(spec, embeddings=True),
+        flops_per_token=flops_per_token(spec, seq_len=seq_len), state=state, sweep_group=sweep_group, spec=spec,
+        recipe=recipe, data=data)
+
+
+def _named(point: dict) -> str:
+    return "trial (" + ", ".join(f"{k}={v}" for k, v in point.items()) + ")"
+
+
+def _check_carry(study: Study, spec: ArchSpec) -> None:
+    """A memory that carries its state across batches reads one text stream per batch row."""
+    if spec.structure != "memory" or not spec.options.get("carry"):
+        return
+    if study.data.kind != "text":
+        problem, loc, hint = (f"memory.carry needs text data (one stream per batch row), not {study.data.kind}",
+                              ("data", "kind"), "use data.kind: text, or memory.carry: false")
+    elif study.recipe.grad_accum != 1:
+        problem, loc, hint = ("memory.carry keeps one state per batch row, so micro-batches cannot split rows",
+                              ("recipe", "grad_accum"), "use recipe.grad_accum: 1")
+    else:
+        return
+    if study._origin is None:
+        raise SpecError(problem, field=".".join(loc), hint=hint)
+    raise study._origin.error(problem, loc=loc, hint=hint)
 
 
 def _budget_error(study: Study, index: int, point: dict, err: BudgetError) -> SpecError:
-    where = ", ".join(f"{k}={v}" for k, v in point.items())
-    message = f"impossible budget for trial ({where}): {err}"
+    message = f"impossible budget for {_named(point)}: {err}"
     origin = study._origin
     loc = ("budget", "targets", index) if isinstance(study.budget.targets, list) else ("budget", "targets")
     if origin is None:
@@ -165,4 +263,13 @@ def _budget_error(study: Study, index: int, point: dict, err: BudgetError) -> Sp
     return origin.error(message, loc=loc, hint=err.hint)
 
 
-__all__ = ["PlannedTrial", "plan", "trial_id", "__version__"]
+def _point_error(study: Study, point: dict, err: ValueError) -> SpecError:
+    message = f"{_named(point)} makes no valid model: {err}"
+    hint = "change these axes, or add a constraint that excludes them"
+    origin = study.space._origin
+    if origin is None:
+        return SpecError(message, field="space.axes", hint=hint)
+    return origin.error(message, loc=("axes",), hint=hint)
+
+
+__all__ = ["PlannedTrial", "plan", "plan_points", "trial_id", "__version__"]

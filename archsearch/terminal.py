@@ -26,6 +26,10 @@ def plan_table(trials: list, *, layers: bool = False) -> None:
                       f"{t.match_error:+.2%}", f"{t.params:,}", str(t.spec.d_model), widths,
                       f"{t.flops_per_token:.3g}", _fmt(t.state))
     console.print(table)
+    memories = [t.to_dict() for t in trials if t.spec.structure == "memory"]
+    if memories:
+        console.print("memory overhead (its params over the rest, embeddings included): "
+                      + ", ".join(f"{t['trial_id']} +{t['memory_overhead']:.2%}" for t in memories))
     if layers:
         for t in trials:
             layer_table(t)

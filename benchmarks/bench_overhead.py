@@ -65,7 +65,7 @@ def main() -> None:
     import ray
 
     import archsearch as A
-    from archsearch.execute.driver import _start_ray
+    from archsearch.execute.cluster import start_ray
     from archsearch.train import train_trial
 
     with tempfile.TemporaryDirectory() as name:
@@ -88,7 +88,7 @@ def main() -> None:
 
         loop(None)  # warm: imports, first-call costs
         start = time.perf_counter()
-        ray_dir = _start_ray(None)
+        ray_dir = start_ray(None)
         ray_init = time.perf_counter() - start
         start = time.perf_counter()
         ray.get(ray.remote(num_cpus=1)(_warm_worker).remote())

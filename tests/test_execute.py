@@ -95,17 +95,17 @@ def test_a_memory_size_reads_with_units_and_a_bad_one_names_the_field(tmp_path):
     ({"CPU": 1, "GPU": 0, "memory": 0}, 3, 3),
 ], ids=["cpus", "two-cpus", "half-gpu", "memory", "fixed"])
 def test_trials_at_once_are_what_the_cluster_fits(per_trial, max_parallel, width):
-    from archsearch.execute.driver import _width
+    from archsearch.execute.cluster import trials_at_once
 
     resources = {"CPU": 8.0, "GPU": 2.0, "memory": 16 * 2**30}
-    assert _width(per_trial, resources, max_parallel=max_parallel) == width
+    assert trials_at_once(per_trial, resources, max_parallel=max_parallel) == width
 
 
 def test_a_trial_the_cluster_cannot_fit_fails_before_it_waits_forever():
-    from archsearch.execute.driver import _width
+    from archsearch.execute.cluster import trials_at_once
 
     with pytest.raises(A.ArchsearchError, match=r"execution.gpus: each trial asks for 1 but the Ray cluster has 0"):
-        _width({"CPU": 1, "GPU": 1, "memory": 0}, {"CPU": 2.0}, max_parallel="auto")
+        trials_at_once({"CPU": 1, "GPU": 1, "memory": 0}, {"CPU": 2.0}, max_parallel="auto")
 
 
 @pytest.mark.parametrize(("address", "auth", "warned"), [
@@ -113,7 +113,7 @@ def test_a_trial_the_cluster_cannot_fit_fails_before_it_waits_forever():
     ("10.0.0.5:6379", "token", False), ("127.0.0.1:6379", None, False), ("ray://localhost:10001", None, False),
 ], ids=["lan", "client", "token", "loopback", "client-loopback"])
 def test_a_cluster_off_loopback_without_auth_gets_a_warning(address, auth, warned, monkeypatch, capsys):
-    from archsearch.execute.driver import _warn_if_open
+    from archsearch.execute.cluster import _warn_if_open
 
     monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
     if auth:
@@ -182,9 +182,9 @@ def embedded_ray():
 
     import ray
 
-    from archsearch.execute.driver import _start_ray
+    from archsearch.execute.cluster import start_ray
 
-    folder = _start_ray(None)
+    folder = start_ray(None)
     yield folder
     ray.shutdown()
     shutil.rmtree(folder, ignore_errors=True)
@@ -195,7 +195,7 @@ def test_embedded_ray_is_private_and_listens_on_loopback_only(embedded_ray):
     """`--address auto` from another shell looks under /tmp/ray; this
     instance lives in its own folder, and no socket of it (raylet, GCS,
     workers) listens beyond 127.0.0.1 (planted mutation: dropping the
-    loopback setting in `_start_ray` lists sockets on *)."""
+    loopback setting in `start_ray` lists sockets on *)."""
     import ray
 
     assert ray._private.worker._global_node.get_session_dir_path().startswith(embedded_ray)

@@ -12,19 +12,59 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# the import name of each top-level folder (setup.py maps the last two)
+PACKAGE_OF = {"archsearch": "archsearch", "kernels": "archsearch_kernels", "dashboards": "archsearch_dashboards"}
+
+
+def module_name(path: Path) -> str:
+    """The dotted import name of a file under ROOT: kernels/gated_delta/naive.py ->
+    archsearch_kernels.gated_delta.naive; a package's __init__.py names the package."""
+    folder, *rest = path.relative_to(ROOT).with_suffix("").parts
+    parts = [PACKAGE_OF[folder], *rest]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(source: str, module: str, *, is_package: bool = False) -> set[str]:
+    """Every module ``source`` (the text of module ``module``) may import, in full
+    and with every dotted prefix: ``import a.b.c`` gives a, a.b and a.b.c;
+    ``from a.b import c`` also gives a.b.c (c may be a submodule); relative
+    imports are resolved against ``module`` (``from ..cli import app`` in
+    archsearch.store.duck gives archsearch.cli)."""
+    package = module.split(".") if is_package else module.split(".")[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            origin = ".".join(base + ([node.module] if node.module else []))
+            found |= {origin} | {f"{origin}.{alias.name}" for alias in node.names if alias.name != "*"}
+    return {".".join(name.split(".")[:i]) for name in found if name for i in range(1, name.count(".") + 2)}
+
+
 def imports_of(folder: Path) -> dict[Path, set[str]]:
-    out = {}
-    for path in folder.rglob("*.py"):
-        names = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                names |= {alias.name.split(".")[0] for alias in node.names}
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                names.add(node.module.split(".")[0])
-                if node.module.startswith("archsearch.cli"):
-                    names.add("archsearch.cli")
-        out[path] = names
-    return out
+    """``imported_modules`` of every Python file under ``folder``."""
+    return {path: imported_modules(path.read_text(), module_name(path), is_package=path.name == "__init__.py")
+            for path in folder.rglob("*.py")}
+
+
+def test_the_import_helper_sees_full_dotted_and_relative_imports():
+    """The helper the rules below rely on, on planted imports. Fails on the
+    mutation that keeps only the first dotted part (``name.split(".")[:i]`` ->
+    ``name.split(".")[:1]``), as the helper did before, and on one that skips
+    relative imports (``if node.level`` branch -> ``continue``)."""
+    planted = "import os\nimport archsearch.cli\n"
+    assert {"archsearch", "archsearch.cli"} <= imported_modules(planted, "archsearch.store.duck")
+    relative = "from ..cli import app\nfrom . import duck\nfrom .. import planner as p\n"
+    seen = imported_modules(relative, "archsearch.store.duck")
+    assert {"archsearch.cli", "archsearch.cli.app", "archsearch.store.duck", "archsearch.planner"} <= seen
+    # in a package's __init__ one dot is the package itself
+    assert "archsearch.store.duck" in imported_modules("from .duck import Store", "archsearch.store", is_package=True)
+    assert "archsearch.cli" in imported_modules("from archsearch import cli", "archsearch.planner")
+    assert "torch" in imported_modules("def f():\n    import torch.nn.functional as F\n", "archsearch.space.x")
+    assert "archsearch.cli" not in imported_modules("import archsearch.client", "archsearch.planner")
+    assert module_name(ROOT / "archsearch/store/duck.py") == "archsearch.store.duck"
+    assert module_name(ROOT / "kernels/gated_delta/__init__.py") == "archsearch_kernels.gated_delta"
 
 
 FORBIDDEN = {
@@ -47,7 +87,7 @@ def test_forbidden_imports(package):
 def test_nothing_imports_the_cli():
     for folder in ("archsearch", "dashboards", "kernels"):
         for path, names in imports_of(ROOT / folder).items():
-            if path.name != "cli.py":
+            if path != ROOT / "archsearch" / "cli.py":
                 assert "archsearch.cli" not in names, path
 
 

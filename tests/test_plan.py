@@ -94,3 +94,44 @@ def test_a_learning_rate_sweep_plans_every_rate_per_arm(tiny_study):
         groups.setdefault(trial.sweep_group, []).append(trial.recipe["lr"])
         assert trial.axes["lr"] == trial.recipe["lr"]
     assert sorted(groups.values()) == [[1e-3, 3e-3]] * 3
+
+
+def test_quickstart_tapers_keep_their_order_after_rounding():
+    """Issue 9: the quickstart's cosine arm at 80k planned widths 72, 80, 72, 72."""
+    for trial in A.plan(A.load_study(ROOT / "studies" / "quickstart.yaml")):
+        widths = list(trial.spec.mlp_widths)
+        shape = trial.axes["taper.shape"]
+        if shape in ("cosine", "linear"):
+            assert all(a >= b for a, b in zip(widths, widths[1:])) and widths[0] > widths[-1], widths
+        if shape == "reverse":
+            assert all(a <= b for a, b in zip(widths, widths[1:])) and widths[0] < widths[-1], widths
+
+
+def test_the_gated_attention_gate_defaults_to_elementwise_everywhere(tmp_path):
+    """One default (the paper's best variant, papers.md §7) in the schema, the block and the docs;
+    the schema said headwise while the docs and the block said elementwise."""
+    import re
+
+    from archsearch.arch.blocks.gated_attention import gate_width
+
+    (tmp_path / "study.yaml").write_text("name: g\nspace:\n  axes:\n    family: gated_attention\n    num_layers: 2\n"
+                                         "budget:\n  targets: [1.0e+5]\ndata:\n  kind: text\n  seq_len: 16\n")
+    (trial,) = A.plan(A.load_study(tmp_path / "study.yaml"))
+    assert trial.axes["attention.gate"] == "elementwise"
+    layer = trial.spec.layers[0]
+    assert layer.options["gate"] == "elementwise"
+    assert gate_width(trial.spec, layer) == gate_width(trial.spec, type(layer)(mixer=layer.mixer)) == trial.spec.head_dim
+    docs = (ROOT / "docs" / "architectures.md").read_text()
+    assert re.search(r"^\| `gate` \| `\"elementwise\"` \|", docs, re.M)
+
+
+def test_a_point_that_makes_no_valid_model_is_refused_in_one_line(tmp_path):
+    """HRM needs a fast and a slow layer: one layer was a ValueError traceback out of the counts."""
+    path = tmp_path / "study.yaml"
+    path.write_text("name: h\nspace:\n  axes:\n    family: hrm\n    num_layers: 1\nbudget:\n  targets: [1.0e+5]\n"
+                    "data:\n  kind: text\n  seq_len: 16\n")
+    with pytest.raises(A.SpecError) as err:
+        A.plan(A.load_study(path))
+    text = str(err.value)
+    assert "\n" not in text and text.startswith(f"{path}:3: space.axes: trial (family=hrm, num_layers=1")
+    assert "slow_layers" in text

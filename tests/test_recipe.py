@@ -14,7 +14,7 @@ from archsearch.arch.spec import ArchSpec, LayerSpec
 from archsearch.budget import count_params
 from archsearch.data import IGNORE, Batch
 from archsearch.data.text import ByteCorpus
-from archsearch.space.training import Recipe
+from archsearch.space.training import Recipe, tokens_per_param
 from archsearch.train import evaluate, load_model, lr_at, resolve_steps, train_trial
 from archsearch.train.recipe import adamw
 
@@ -76,14 +76,26 @@ def test_tokens_per_parameter_sets_the_steps(source):
     assert result.steps == math.ceil(0.1 * params / (8 * 16)) and result.tokens == result.steps * 8 * 16
 
 
-@pytest.mark.parametrize("tokens, ok", [("20x", True), (" 2.5x", True), ("1e6", True), (10**9, True),
-                                        ("20", True), ("x20", False), ("0x", False), (0, False)])
-def test_token_budgets_are_validated(tokens, ok):
-    if ok:
-        Recipe(tokens=tokens)
-    else:
+# (written, tokens trained for a model of 1000 non-embedding parameters), or None where refused
+TOKEN_BUDGETS = [("20x", 20_000), (" 2.5x", 2_500), ("1e6", 1_000_000), (1.0e9, 10**9), (10**9, 10**9),
+                 ("20", 20), ("x20", None), ("0x", None), (0, None)]
+
+
+@pytest.mark.parametrize("tokens, trained", TOKEN_BUDGETS, ids=[repr(t) for t, _ in TOKEN_BUDGETS])
+def test_token_budgets_are_validated(tokens, trained):
+    """A ratio ("20x", " 2.5x") is tokens per parameter, anything else a count:
+    "1e6" (how YAML reads 1e6) is a million tokens and "20" is twenty, not 20x.
+    Checked through the steps a batch of 10 x 10 tokens gives, at 1000 parameters.
+    Fails on the mutation that makes the "x" of _TOKENS_PER_PARAM optional
+    (``\\s*x\\s*$`` -> ``\\s*x?\\s*$``): "20" then reads as 20x, 200 steps, not 1."""
+    if trained is None:
         with pytest.raises(ValidationError, match="tokens"):
             Recipe(tokens=tokens)
+        return
+    dumped = Recipe(tokens=tokens, batch_size=10).model_dump()
+    assert resolve_steps(dumped, params=1000, seq_len=10) == math.ceil(trained / 100)
+    ratio = tokens_per_param(dumped["tokens"])
+    assert (ratio * 1000 if ratio is not None else dumped["tokens"]) == trained
 
 
 def test_grad_accum_must_divide_the_batch():

@@ -196,3 +196,29 @@ def test_two_stores_never_share_checkpoint_folders(tmp_path):
     one = checkpoint_dir(tmp_path / "a" / "cp.duckdb", "t", storage=shared)
     other = checkpoint_dir(tmp_path / "b" / "cp.duckdb", "t", storage=shared)
     assert one != other and one.is_relative_to(shared) and one.name == "t"
+
+
+def test_each_changed_version_of_a_study_is_kept(tmp_path):
+    with A.open_store(tmp_path / "s.duckdb") as store:
+        assert store.add_study(name="s", path="s.yaml", config={"seeds": [0]}, text="seeds: [0]\n") == 1
+        assert store.add_study(name="s", path="s.yaml", config={"seeds": [0]}, text="seeds: [0]\n") == 1
+        assert store.add_study(name="s", path="s.yaml", config={"seeds": [0, 1]}, text="seeds: [0, 1]\n") == 2
+        versions = store.study_versions("s").to_pylist()
+    assert [v["version"] for v in versions] == [1, 2]
+    assert [v["text"] for v in versions] == ["seeds: [0]\n", "seeds: [0, 1]\n"]
+
+
+def test_a_grown_grid_keeps_every_trial_id_it_had(tmp_path):
+    """More axis values, another target or seed: the old trials keep their
+    ids, so a rerun trains only the new ones."""
+    (tmp_path / "space.yaml").write_text("name: s\naxes:\n  family: transformer\n  num_layers: [1, 2]\n"
+                                         "model: {head_dim: 8}\n")
+    study = tmp_path / "study.yaml"
+    base = "name: g\nspace: space.yaml\nbudget: {targets: [%s], tolerance: 0.05}\nseeds: %s\n"
+    study.write_text(base % ("20000", "[0]"))
+    before = {t.trial_id for t in A.plan(A.load_study(study))}
+    (tmp_path / "space.yaml").write_text("name: s\naxes:\n  family: transformer\n  num_layers: [1, 2, 3]\n"
+                                         "model: {head_dim: 8}\n")
+    study.write_text(base % ("20000, 40000", "[0, 1]"))
+    after = {t.trial_id for t in A.plan(A.load_study(study))}
+    assert before < after and len(after) == 3 * 2 * 2

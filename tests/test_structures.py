@@ -117,7 +117,7 @@ def test_exit_threshold_freezes_exited_tokens():
     nn.init.normal_(model.exit_gate.weight, std=0.5)
     tokens = torch.randint(0, spec.vocab_size, (3, 17))
     with torch.no_grad():
-        states, lambdas = model.loops(model.embed(tokens), keep_all=True)
+        states, lambdas, _ = model.loops(model.embed(tokens), keep_all=True)
     frozen = _frozen_after(states, lambdas, 0.5)
     assert frozen[0].any() and not frozen[-1].all(), "choose a case where some tokens exit and some do not"
     for r in range(len(lambdas)):
@@ -155,7 +155,7 @@ def test_skip_aware_mixers_get_the_exited_tokens(monkeypatch):
     nn.init.normal_(model.exit_gate.weight, std=0.5)
     tokens = torch.randint(0, spec.vocab_size, (2, 11))
     with torch.no_grad():
-        states, lambdas = model.loops(model.embed(tokens), keep_all=True)
+        states, lambdas, _ = model.loops(model.embed(tokens), keep_all=True)
     frozen = _frozen_after(states, lambdas, 0.5)
     assert len(_SkipSpy.seen) == 3 and not _SkipSpy.seen[0].any()
     assert frozen[0].any()
@@ -183,7 +183,7 @@ def test_looped_mamba_skips_exited_tokens(monkeypatch):
     nn.init.normal_(model.exit_gate.weight, std=0.5)
     tokens = torch.randint(0, spec.vocab_size, (2, 11))
     with torch.no_grad():
-        states, lambdas = model.loops(model.embed(tokens), keep_all=True)
+        states, lambdas, _ = model.loops(model.embed(tokens), keep_all=True)
         changed = tokens.clone()
         changed[:, 6:] = (changed[:, 6:] + 1) % spec.vocab_size
         assert torch.allclose(model(tokens)[:, :6], model(changed)[:, :6], atol=1e-5)
@@ -199,10 +199,10 @@ def test_cache_hole_samples_exits_in_training_only():
     # the gate says "exit now" to every token: all of them freeze after loop 1 in training
     nn.init.constant_(model.exit_gate.bias, 20.0)
     tokens = torch.randint(0, spec.vocab_size, (2, 10))
-    states, _ = model.train().loops(model.embed(tokens), keep_all=True)
+    states, _, _ = model.train().loops(model.embed(tokens), keep_all=True)
     assert torch.equal(states[2], states[0])
     with torch.no_grad():
-        states, _ = model.eval().loops(model.embed(tokens), keep_all=True)
+        states, _, _ = model.eval().loops(model.embed(tokens), keep_all=True)
     assert not torch.allclose(states[2], states[0])
     # with an undecided gate the sampled exits still leave a gradient for it (through p, not the draws)
     nn.init.zeros_(model.exit_gate.bias)
@@ -238,10 +238,17 @@ def test_shared_weights_are_counted_once(gate):
     assert built == count_params(five, embeddings=True)
 
 
-@pytest.mark.parametrize("options", [dict(), dict(loops=0), dict(loops=2, exit_threshold=0.5),
-                                     dict(loops=2, exit_gate=True, exit_threshold=1.5), dict(loops=2, loop=3)])
-def test_looped_rejects_bad_options(options):
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize("options,message", [
+    (dict(), r"options\['loops'\] is required"),
+    (dict(loops=0), "loops must be an int >= 1, got 0"),
+    (dict(loops=2, exit_threshold=0.5), "exit_threshold and cache_hole need exit_gate=True"),
+    (dict(loops=2, exit_gate=True, exit_threshold=1.5), r"exit_threshold must be in \(0, 1\], got 1.5"),
+    (dict(loops=2, loop=3), r"unknown options \['loop'\]"),
+], ids=["no-loops", "zero-loops", "threshold-without-gate", "threshold-above-one", "misspelt-option"])
+def test_looped_rejects_bad_options(options, message):
+    """Each bad option is refused for its own reason. Fails on the mutation
+    ``opts.loops < 1`` -> ``opts.loops < 0`` in loop_options (zero loops builds)."""
+    with pytest.raises(ValueError, match=message):
         build_model(replace(looped(), options=options))
 
 
@@ -255,7 +262,7 @@ class _LeakyMemory:
     def __init__(self, memory):
         self.memory = memory
 
-    def __call__(self, hn_BTD):
+    def __call__(self, hn_BTD, start_BMS=None):
         m, states = self.memory, []
         state = m.initial_MS.repeat(hn_BTD.shape[0], 1, 1)
         for start in range(0, hn_BTD.shape[1], m.segment):
@@ -310,7 +317,7 @@ def test_segment_states_depend_only_on_earlier_segments():
     changed[:, 11] += 1.0  # segment 2
     with torch.no_grad():
         a, b = model.memory.segment_states(hn), model.memory.segment_states(changed)
-    assert a.shape == (2, 5, 3, spec.d_model)
+    assert a.shape == (2, 5, 3, memory_options(spec).memory_dim)
     assert torch.equal(a[:, :3], b[:, :3]) and not torch.allclose(a[:, 3:], b[:, 3:])
 
 
@@ -335,10 +342,17 @@ def test_memory_param_formula_by_hand():
     assert count_params(spec) - count_params(plain) == by_hand
 
 
-@pytest.mark.parametrize("options", [dict(placement=3), dict(placement=-1), dict(slots=0),
-                                     dict(memory_dim=30, memory_heads=4), dict(segments=4)])
-def test_memory_rejects_bad_options(options):
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize("options,message", [
+    (dict(placement=3), r"placement must be in \[0, 2\], got 3"),
+    (dict(placement=-1), r"placement must be in \[0, 2\], got -1"),
+    (dict(slots=0), "slots must be an int >= 1, got 0"),
+    (dict(memory_dim=30, memory_heads=4), "memory_heads 4 must divide memory_dim 30"),
+    (dict(segments=4), r"unknown options \['segments'\]"),
+], ids=["placement-past-top", "placement-negative", "zero-slots", "heads-not-dividing", "misspelt-option"])
+def test_memory_rejects_bad_options(options, message):
+    """Each bad option is refused for its own reason. Fails on the mutation
+    ``value < 1`` -> ``value < 0`` in memory_options (zero slots is accepted)."""
+    with pytest.raises(ValueError, match=message):
         memory_options(memory(**options))
 
 

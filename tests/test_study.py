@@ -59,15 +59,32 @@ def test_running_again_trains_nothing(finished):
 
 
 def test_report_is_self_contained_html(finished, tmp_path):
+    """The report of a real run: four figures and plotly.js inline (nothing
+    fetched), one table row per completed trial, best first, with the store's
+    params and losses, and "yes" on exactly the trials a hand computation puts
+    on the (val_loss, params) front. tests/test_report.py adds the sweep-best
+    filter. Fails on the mutations ``reverse=True`` in ``_table``'s sort (worst
+    first) and ``r['params']`` -> ``r['total_params']`` in its cells."""
+    from tests.test_report import on_front_by_hand, trials_table
+
     study, store, _, _ = finished
     with A.open_store(store, read_only=True) as db:
         path = write_report(db, tmp_path / "r.html", study=study.name)
+        rows = [r for r in db.trials(study.name).to_pylist() if r["status"] == "completed"]
     page = path.read_text()
-    assert "Plotly.newPlot" in page or "plotly" in page.lower()
+    assert page.count('class="plotly-graph-div"') == 4
     assert not re.search(r"<script[^>]+src=\"http", page)  # nothing fetched from the network
     for shape in ("uniform", "cosine", "reverse"):
         assert f"taper.shape={shape}" in page
-    assert "Pareto front" in page
+    table = trials_table(page)
+    by_id = {r["trial_id"]: r for r in rows}
+    assert len(table) == len(rows) == 3 and {row["trial"] for row in table} == set(by_id)
+    assert [row["trial"] for row in table] == [r["trial_id"] for r in sorted(rows, key=lambda r: r["val_loss"])]
+    for row in table:
+        stored = by_id[row["trial"]]
+        assert row["params"] == f"{stored['params']:,}" and row["val loss"] == f"{stored['val_loss']:.4f}"
+        assert row["taper.shape"] == json.loads(stored["axes"])["taper.shape"]
+    assert {row["trial"] for row in table if row["front"] == "yes"} == on_front_by_hand(rows)
 
 
 def test_failed_trials_are_recorded_and_retried_next_run(tmp_path, corpus):

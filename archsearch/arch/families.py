@@ -88,17 +88,35 @@ def spec_maker(point: Mapping[str, Any], options: ModelOptions, *, vocab_size: i
 def _structure(point: Mapping[str, Any]) -> tuple[str, dict]:
     family = point["family"]
     if family == "looped":
-        return "looped", {"loops": point["loops"], "exit_gate": point["exit_gate"], "inject": True}
+        options = {"loops": point["loops"], "exit_gate": point["exit_gate"], "inject": True}
+        if point["exit_gate"]:  # the gate's options; written only where they differ from the structure's defaults
+            defaults = {"exit_threshold": None, "cache_hole": 0.0, "exit_entropy": 0.05}
+            options.update({k: point[k] for k, default in defaults.items() if point.get(k, default) != default})
+        return "looped", options
     if family == "universal":
         return "universal", {"steps": point["loops"]}
     if family == "memory":
-        options = {"placement": point["memory.placement"], "slots": point["memory.slots"],
-                   "segment": point["memory.segment"]}
-        if point["memory.width"]:  # 0 keeps the structure's default, d_model
+        placement = point["memory.placement"]
+        if placement is None:  # between the halves, the structure's own default (memory_options)
+            placement = max(0, point["num_layers"] // 2 - 1)
+        options = {"placement": placement, "slots": point["memory.slots"], "segment": point["memory.segment"]}
+        if point["memory.width"]:  # 0 keeps the structure's default width
             options["memory_dim"] = point["memory.width"]
+        if point.get("memory.aux", "none") != "none":
+            options.update(aux=point["memory.aux"], aux_weight=point["memory.aux_weight"])
+        if point.get("memory.carry"):
+            options["carry"] = True
         return "memory", options
     if family == "gpn":
-        return ("gpn_m" if point["gpn.memory"] else "gpn"), {}
+        # options left at 0 are left out: the structure's defaults (and unchanged trial ids)
+        widths = ["d_emb"] + (["mem_heads", "mem_key_dim", "mem_value_dim"] if point["gpn.memory"] else [])
+        return ("gpn_m" if point["gpn.memory"] else "gpn"), {
+            name: point[f"gpn.{name}"] for name in widths if point.get(f"gpn.{name}")}
     if family == "hrm":
-        return "hrm", {"N": point["hrm.N"], "T": point["hrm.T"]}
+        options = {"N": point["hrm.N"], "T": point["hrm.T"]}
+        if point.get("hrm.grad", "bptt") != "bptt":
+            options["grad"] = point["hrm.grad"]
+        if point.get("hrm.segments", 1) != 1:
+            options["segments"] = point["hrm.segments"]
+        return "hrm", options
     return "stack", {}

@@ -24,6 +24,14 @@ def _no_extra(spec: ArchSpec, seq_len: int) -> float:
     return 0.0
 
 
+def _model_width(spec: ArchSpec) -> int:
+    return spec.d_model
+
+
+def _all_graded(spec: ArchSpec, seq_len: int) -> None:
+    return None
+
+
 @dataclass(frozen=True)
 class Structure:
     """A registered model structure: module class plus its counting formulas."""
@@ -35,16 +43,25 @@ class Structure:
     state: Callable[[ArchSpec, int], int] = _state_unknown  # values kept per sequence after seq_len tokens
     # forward FLOPs per token that only training runs (an exit gate's LM head after every loop)
     train_extra: Callable[[ArchSpec, int], float] = _no_extra
+    # the width of the embedding and LM head (GPN's may differ from d_model)
+    embedding_width: Callable[[ArchSpec], int] = _model_width
+    # training forward FLOPs per token that carry gradient (the backward's share),
+    # or None when all of them do (training is then 3x forward)
+    graded: Callable[[ArchSpec, int], float | None] = _all_graded
 
 
 STRUCTURES: dict[str, Structure] = {
     "stack": Structure(stack.Stack, stack.params, stack.flops, stack.mixing, stack.state),
     "looped": Structure(looped.Looped, looped.params, looped.flops, looped.mixing, looped.state,
                          looped.train_extra),
-    "memory": Structure(memory.MemoryStack, memory.params, memory.flops, memory.mixing, memory.state),
-    "gpn": Structure(gpn.GPN, gpn.params, gpn.flops, gpn.mixing, gpn.state),
-    "gpn_m": Structure(gpn.GPN, gpn.params, gpn.flops, gpn.mixing, gpn.state),
-    "hrm": Structure(hrm.HRM, hrm.hrm_params, hrm.hrm_flops, hrm.hrm_mixing, hrm.hrm_state),
+    "memory": Structure(memory.MemoryStack, memory.params, memory.flops, memory.mixing, memory.state,
+                        memory.train_extra),
+    "gpn": Structure(gpn.GPN, gpn.params, gpn.flops, gpn.mixing, gpn.state,
+                     embedding_width=gpn.embedding_width),
+    "gpn_m": Structure(gpn.GPN, gpn.params, gpn.flops, gpn.mixing, gpn.state,
+                       embedding_width=gpn.embedding_width),
+    "hrm": Structure(hrm.HRM, hrm.hrm_params, hrm.hrm_flops, hrm.hrm_mixing, hrm.hrm_state, hrm.hrm_train_extra,
+                     graded=hrm.hrm_graded),
     "universal": Structure(hrm.Universal, hrm.ut_params, hrm.ut_flops, hrm.ut_mixing, hrm.ut_state),
 }
 

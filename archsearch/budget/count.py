@@ -21,9 +21,10 @@ def count_params(spec: ArchSpec, *, embeddings: bool = False) -> int:
     whatever the structure adds (gates, memories); ``embeddings=True`` adds
     the embedding and, when untied, the LM head.
     """
-    total = registry.structure(spec.structure).params(spec)
+    structure = registry.structure(spec.structure)
+    total = structure.params(spec)
     if embeddings:
-        total += spec.vocab_size * spec.d_model * (1 if spec.tie_embeddings else 2)
+        total += spec.vocab_size * structure.embedding_width(spec) * (1 if spec.tie_embeddings else 2)
     return total
 
 
@@ -32,15 +33,20 @@ def flops_per_token(spec: ArchSpec, *, seq_len: int, kind: Literal["train", "for
 
     Forward counts 2 FLOPs per weight in every matmul, the causal attention
     scores and mixing, each block's own recurrence terms, and the LM head
-    (2 D V); norms, activations and the softmax are left out. Training is 3x
-    forward (backward ~ 2x forward).
+    (2 E V, with E the embedding width: d_model, or GPN's ``d_emb``); norms,
+    activations and the softmax are left out. Training is 3x forward
+    (backward ~ 2x forward), or the training forward plus 2x the part of it
+    that carries gradient, where a structure runs some of it under no_grad
+    (HRM's one-step gradient).
     """
     structure = registry.structure(spec.structure)
-    forward = structure.flops(spec, seq_len) + 2.0 * spec.d_model * spec.vocab_size
+    forward = structure.flops(spec, seq_len) + 2.0 * structure.embedding_width(spec) * spec.vocab_size
     if kind == "forward":
         return forward
     if kind == "train":  # plus what only training computes (per-loop heads of an exit gate)
-        return 3.0 * (forward + structure.train_extra(spec, seq_len))
+        trained = forward + structure.train_extra(spec, seq_len)
+        graded = structure.graded(spec, seq_len)
+        return 3.0 * trained if graded is None else trained + 2.0 * graded
     raise ValueError(f"kind must be 'train' or 'forward', got {kind!r}")
 
 

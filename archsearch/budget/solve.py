@@ -1,10 +1,14 @@
 """Pick widths so a model hits its target on the budget's measure.
 
-Every family here is affine in its total MLP width at a fixed d_model (in
+Most families are affine in their total MLP width at a fixed d_model (in
 parameters and in FLOPs), so the solver tries the few head-dim multiples of
-d_model around the continuous solution and, for each, solves the total MLP
-width exactly (rounded to its multiple). Of the candidates within tolerance it
-keeps, for ``solve_for="d_model"``, the one whose mean MLP width is closest to
+d_model around the continuous solution and, for each, steps the total MLP
+width (a multiple of ``multiple_of``) along the measure's line to the target.
+Every step is checked on the exact measure of the rounded spec, and where that
+is not on the line (a tapered HRM's FLOPs) the neighbouring widths are walked
+to the nearest (widening the search over d_model when none fits). Of the
+candidates whose exact value is within tolerance it keeps, for
+``solve_for="d_model"``, the one whose mean MLP width is closest to
 ``mlp_ratio * d_model``; otherwise the one closest to the target. A measure
 that does not depend on MLP width (state size) is matched through d_model
 alone, with the MLP ratio kept.
@@ -44,26 +48,32 @@ class Solution:
 def solve(*, target: float, make_spec: SpecMaker, measure: Measure, num_layers: int, head_dim: int,
           mlp_ratio: float, multiple_of: int, tolerance: float,
           solve_for: Literal["d_model", "mlp", "both"] = "d_model", d_model: int | None = None) -> Solution:
-    """The spec whose ``measure`` is nearest ``target``; raises BudgetError."""
+    """The spec whose ``measure`` is nearest ``target``; raises BudgetError.
+
+    Every error here is the exact measure of the rounded spec: the affine line
+    only proposes widths, and where the measure is not affine in the total
+    width (HRM's FLOPs weight the wider, tapered fast layers T times) the
+    width is refined on the exact measure before it is judged.
+    """
     min_width = num_layers * multiple_of
+    exact_at: dict[tuple[int, int], float] = {}
+
+    def exact(d: int, width: int) -> float:
+        if (d, width) not in exact_at:
+            exact_at[d, width] = measure(make_spec(d, width))
+        return exact_at[d, width]
 
     def width_for(d: int) -> int:
         return max(min_width, round(mlp_ratio * d * num_layers / multiple_of) * multiple_of)
 
-    lines: dict[int, tuple[float, float]] = {}
+    def slope(d: int) -> float:
+        """The measure's slope in total width at d, over a span above the MLP-ratio width (not at the
+        smallest widths, where every layer holds one multiple and a taper is flattened)."""
+        low = width_for(d)
+        high = low + max(min_width, round(low / 2 / multiple_of) * multiple_of)
+        return (exact(d, high) - exact(d, low)) / (high - low)
 
-    def line(d: int) -> tuple[float, float]:
-        """The measure at d as base + slope * (width - min_width): two counts per d."""
-        if d not in lines:
-            base = measure(make_spec(d, min_width))
-            lines[d] = base, (measure(make_spec(d, 2 * min_width)) - base) / min_width
-        return lines[d]
-
-    def value(d: int, width: int) -> float:
-        base, slope = line(d)
-        return base + slope * (width - min_width)
-
-    smallest = value(d_model or head_dim, min_width)
+    smallest = exact(d_model or head_dim, min_width)
     if target < smallest:
         raise BudgetError(f"target {target:.4g} is below the smallest model ({smallest:.4g})", closest=smallest,
                           hint="raise the target, or lower num_layers or head_dim")
@@ -72,16 +82,17 @@ def solve(*, target: float, make_spec: SpecMaker, measure: Measure, num_layers: 
             raise BudgetError("solve_for: mlp needs a fixed width", hint="set model.d_model in the space")
         candidates = [d_model]
     else:
-        candidates = _d_candidates(target, lambda d: value(d, width_for(d)), head_dim)
+        candidates = _d_candidates(target, lambda d: exact(d, width_for(d)), head_dim)
     best: tuple[float, int, int] | None = None
     closest: tuple[float, int, int] | None = None
-    for d in candidates:
-        base, slope = line(d)
-        if slope > 0:
-            width = max(min_width, round((min_width + (target - base) / slope) / multiple_of) * multiple_of)
-        else:
-            width = width_for(d)
-        error = value(d, width) / target - 1
+    # the near widths first; further ones, nearest first, only while none of them fits
+    further = [] if solve_for == "mlp" else _further(candidates, head_dim)
+    for d in candidates + further:
+        if best is not None and d in further:
+            break
+        width = _nearest_width(target, lambda w, d=d: exact(d, w), start=width_for(d), slope=slope(d),
+                               min_width=min_width, step=multiple_of)
+        error = exact(d, width) / target - 1
         if closest is None or abs(error) < abs(closest[0]):
             closest = (error, d, width)
         if abs(error) <= tolerance:
@@ -89,14 +100,60 @@ def solve(*, target: float, make_spec: SpecMaker, measure: Measure, num_layers: 
             if best is None or rank < best[0]:
                 best = (rank, d, width)
     if best is not None:
-        spec = make_spec(best[1], best[2])
-        achieved = measure(spec)
-        return Solution(spec, achieved, achieved / target - 1)
+        _, d, width = best
+        return Solution(make_spec(d, width), exact(d, width), exact(d, width) / target - 1)
     error, d, width = closest
-    achieved = target * (1 + error)
+    achieved = exact(d, width)
     raise BudgetError(f"no width reaches target {target:.4g} within {tolerance:.2%}; closest is "
                       f"{achieved:.6g} ({error:+.2%})", closest=achieved,
                       hint="lower multiple_of or head_dim, or raise budget.tolerance")
+
+
+def _nearest_width(target: float, value: Callable[[int], float], *, start: int, slope: float, min_width: int,
+                   step: int) -> int:
+    """The total width (a multiple of ``step``, at least ``min_width``) whose exact ``value`` is nearest
+    ``target``, for a measure that grows with width.
+
+    Secant steps from ``start`` on the exact values; where the last step's
+    value is not what the line foretold (the measure is not affine there),
+    neighbouring widths are walked until neither is nearer.
+    """
+    if slope <= 0:  # the measure does not depend on MLP width (state): keep the MLP ratio
+        return start
+    width, current = start, value(start)
+    affine = True
+    for _ in range(16):
+        move = round((target - current) / slope / step) * step
+        nxt = max(min_width, width + move)
+        if nxt == width:
+            break
+        foretold, now = current + slope * (nxt - width), value(nxt)
+        affine = math.isclose(now, foretold, rel_tol=1e-9)
+        secant = (now - current) / (nxt - width)
+        if secant > 0:  # the local slope, kept from collapsing on a flat rounding step
+            slope = max(slope / 4, secant)
+        width, current = nxt, now
+    if affine:
+        return width
+    while True:
+        around = [w for w in (width - step, width + step) if w >= min_width]
+        nearer = min(around, key=lambda w: abs(value(w) - target), default=width)
+        if abs(value(nearer) - target) >= abs(current - target):
+            return width
+        width, current = nearer, value(nearer)
+
+
+def _further(near: list[int], head_dim: int, rings: int = 6) -> list[int]:
+    """Head-dim multiples beyond ``near``, alternately below and above, for targets whose width
+    steps are coarse (one layer, a large multiple_of) so no near d_model lands within tolerance."""
+    low, high = near[0] // head_dim, near[-1] // head_dim
+    out = []
+    for ring in range(1, rings + 1):
+        if low - ring >= 1:
+            out.append((low - ring) * head_dim)
+        if (high + ring) * head_dim <= MAX_D_MODEL:
+            out.append((high + ring) * head_dim)
+    return out
 
 
 def _d_candidates(target: float, measure_at: Callable[[int], float], head_dim: int) -> list[int]:

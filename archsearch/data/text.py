@@ -54,12 +54,35 @@ class TokenCorpus:
         tokens = self.splits[split]
         starts_B = torch.randint(0, len(tokens) - self.seq_len - 1, (batch_size,), generator=generator)
         offsets_T = torch.arange(self.seq_len + 1)
-        index_BT = starts_B[:, None] + offsets_T
-        if isinstance(tokens, torch.Tensor):
-            window_BT = tokens[index_BT].long()
-        else:  # a memory map: numpy reads only the pages the windows touch
-            window_BT = torch.from_numpy(np.asarray(tokens[index_BT.numpy()], dtype=np.int64))
-        return Batch(inputs=window_BT[:, :-1], targets=window_BT[:, 1:])
+        return _windows(tokens, starts_B[:, None] + offsets_T)
+
+    def stream_batch(self, *, split: str, batch_size: int, step: int) -> Batch:
+        """Batch ``step`` of consecutive streams, for models that carry a state across batches.
+
+        The split is cut into ``batch_size`` equal lanes; row b of batch s is
+        the s-th window of ``seq_len`` tokens of lane b, so it continues row b
+        of batch s - 1 exactly (truncated backpropagation through time, as in
+        Zaremba et al., https://arxiv.org/abs/1409.2329). A lane that runs out
+        starts again from its beginning.
+        """
+        tokens = self.splits[split]
+        lane = (len(tokens) - 1) // batch_size
+        windows = lane // self.seq_len
+        if windows < 1:
+            raise SpecError(f"the {split} split has {len(tokens)} tokens, too few for {batch_size} streams of "
+                            f"seq_len {self.seq_len}", field="data",
+                            hint="add more text, or lower recipe.batch_size or data.seq_len")
+        starts_B = torch.arange(batch_size) * lane + (step % windows) * self.seq_len
+        return _windows(tokens, starts_B[:, None] + torch.arange(self.seq_len + 1))
+
+
+def _windows(tokens, index_BT: torch.Tensor) -> Batch:
+    """Next-token pairs from windows of ``seq_len + 1`` token positions, [B, T + 1]."""
+    if isinstance(tokens, torch.Tensor):
+        window_BT = tokens[index_BT].long()
+    else:  # a memory map: numpy reads only the pages the windows touch
+        window_BT = torch.from_numpy(np.asarray(tokens[index_BT.numpy()], dtype=np.int64))
+    return Batch(inputs=window_BT[:, :-1], targets=window_BT[:, 1:])
 
 
 class ByteCorpus(TokenCorpus):

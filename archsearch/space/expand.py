@@ -46,6 +46,10 @@ def axis_values(space: Space, name: str, axis: Axis) -> list:
     """The concrete values of one axis (a range is gridded or sampled, then typed)."""
     if axis.values is not None:
         return list(axis.values)
+    if axis.grid is None and axis.sample is None:
+        raise _origin_error(space, ("axes", *name.split(".")),
+                            "a range needs exactly one of grid: N or sample: N for a grid search",
+                            "add grid: N or sample: N, or set search.sampler to sample the range itself")
     lo, hi = (math.log(axis.low), math.log(axis.high)) if axis.log else (axis.low, axis.high)
     if axis.grid is not None:
         raw = [lo + (hi - lo) * i / max(1, axis.grid - 1) for i in range(axis.grid)]
@@ -56,7 +60,7 @@ def axis_values(space: Space, name: str, axis: Axis) -> list:
     adapter = _adapter(name)
     typed = []
     for value in raw:
-        value = round(value) if _is_int_axis(name) else value
+        value = round(value) if is_int_axis(name) else value
         try:
             value = adapter.validate_python(value)
         except ValidationError as err:
@@ -95,6 +99,21 @@ def expand(space: Space) -> list[dict[str, Any]]:
     return points
 
 
+def resolve_point(space: Space, raw: dict[str, Any], compiled: dict | None = None) -> dict[str, Any] | None:
+    """One proposed point (raw axis values, e.g. from a sampler) after
+    conditions, family relevance, derived values and constraints; None where
+    a constraint rejects it. Axes left out of ``raw`` take their defaults."""
+    axes = axes_of(space)
+    compiled = compiled if compiled is not None else compile_expressions(space)
+    point = {}
+    for name, axis in axes.items():
+        if name in raw:
+            point[name] = raw[name]
+        elif axis.values is not None:
+            point[name] = axis.values[0]
+    return _resolve(space, point, axes, compiled)
+
+
 def compile_expressions(space: Space) -> dict:
     """Parse every ``when``, derived value and constraint once, checking names."""
     axes = axes_of(space)
@@ -116,10 +135,11 @@ def compile_expressions(space: Space) -> dict:
 
 
 def _resolve(space: Space, point: dict, axes: dict[str, Axis], compiled: dict) -> dict | None:
-    env = {expression_name(k): v for k, v in point.items()}
+    env = {expression_name(k): None for k in axes}
+    env.update({expression_name(k): v for k, v in point.items()})
     for name, expr in compiled["when"].items():
         if not _evaluate(space, ("axes", *name.split("."), "when"), expr, env):
-            point.pop(name)
+            point.pop(name, None)
     family = point.get("family", "transformer")
     point = {k: v for k, v in point.items() if k in FAMILY_AXES[family]}
     _canonical(point)
@@ -156,6 +176,9 @@ def _canonical(point: dict) -> None:
             point.pop("hybrid.pattern", None)
     if point["family"] == "looped" and not point.get("hybrid.pattern"):
         point["hybrid.pattern"] = "A"
+    if point["family"] == "looped" and not point.get("exit_gate"):  # the gate's options need a gate
+        for name in ("exit_threshold", "cache_hole", "exit_entropy"):
+            point.pop(name, None)
 
 
 def _typed(space: Space, dotted: str, value: Any) -> Any:
@@ -205,12 +228,25 @@ def _adapter(dotted: str) -> TypeAdapter:
     return _ADAPTERS[dotted]
 
 
-def _is_int_axis(dotted: str) -> bool:
+def is_int_axis(dotted: str) -> bool:
     try:
         _adapter(dotted).validate_python(1.5, strict=True)
     except ValidationError:
         return True
     return False
+
+
+def check_axis_value(space: Space, name: str, value: Any) -> Any:
+    """``value`` typed as axis ``name`` takes it, or a SpecError at that axis."""
+    try:
+        return _adapter(name).validate_python(value)
+    except ValidationError as err:
+        raise axis_error(space, name, f"range gives {value!r}: {err.errors()[0]['msg']}", "narrow low/high") from None
+
+
+def axis_error(space: Space, name: str, message: str, hint: str) -> SpecError:
+    """A SpecError at axis ``name`` (dotted) of ``space``'s file."""
+    return _origin_error(space, ("axes", *name.split(".")), message, hint)
 
 
 def _origin_error(space: Space, loc: tuple, message: str, hint: str) -> SpecError:

@@ -24,7 +24,7 @@ from archsearch.space.training import Data, Recipe, Strict, TextData
 
 T = TypeVar("T")
 
-TAPER_SHAPES = ("uniform", "cosine", "linear", "sigmoid", "reverse")
+TAPER_SHAPES = ("uniform", "cosine", "linear", "sigmoid", "reverse", "step_early", "step_middle", "step_late")
 FAMILIES = ("transformer", "gated_attention", "mamba", "gdn", "hybrid", "looped", "memory", "gpn", "hrm",
             "universal", "titans", "hope")
 
@@ -48,7 +48,9 @@ class Axis(Strict, Generic[T]):
         if self.values is None:
             if self.low is None or self.high is None:
                 raise ValueError("give values, or both low and high")
-            if (self.grid is None) == (self.sample is None):
+            # neither is fine for a sampled search (the range itself is the
+            # distribution); expand() asks a grid search for one of them
+            if self.grid is not None and self.sample is not None:
                 raise ValueError("a range needs exactly one of grid: N or sample: N")
             if self.low > self.high:
                 raise ValueError(f"low ({self.low}) is above high ({self.high})")
@@ -81,14 +83,17 @@ class TaperAxes(Strict):
 
     shape: axis(Literal[TAPER_SHAPES]) = Field(
         default="uniform", validate_default=True,
-        description="uniform | cosine | linear | sigmoid | reverse (cosine, narrow first)")
+        description="uniform | cosine | linear | sigmoid | reverse (cosine, narrow first) | step_early | "
+                    "step_middle | step_late (one third of the layers ratio x as wide as the rest)")
     ratio: axis(Annotated[float, Field(ge=1.0, le=20.0)]) = Field(
         default=3.0, validate_default=True,
         description="widest layer over narrowest; 3.0 gives the 1.5x -> 0.5x cosine of TLM")
 
 
 class AttentionAxes(Strict):
-    gate: axis(Literal["elementwise", "headwise"]) = fixed("headwise")
+    gate: axis(Literal["elementwise", "headwise"]) = Field(
+        default="elementwise", validate_default=True,
+        description="elementwise: a gate per head channel (the paper's best); headwise: one per head")
 
 
 class HybridAxes(Strict):
@@ -104,22 +109,46 @@ class HybridAxes(Strict):
 
 
 class MemoryAxes(Strict):
-    placement: axis(Annotated[int, Field(ge=0)]) = Field(
-        default=0, validate_default=True, description="the memory sits after this layer index")
+    placement: axis(Union[Annotated[int, Field(ge=0)], None]) = Field(
+        default=None, validate_default=True,
+        description="the memory sits after this layer index; null: between the halves (3 and 3 of 6 layers)")
     slots: axis(PositiveInt) = fixed(8)
     width: axis(Annotated[int, Field(ge=0)]) = Field(default=0, validate_default=True,
-                                     description="memory slot width; 0 = d_model")
+                                     description="memory slot width; 0 = 0.53 x d_model (the paper's +3.7%)")
     segment: axis(PositiveInt) = fixed(32)
+    aux: axis(Literal["none", "self", "random"]) = Field(
+        default="none", validate_default=True,
+        description="auxiliary loss: self = the state predicts its next state; random = the noise control")
+    aux_weight: axis(Annotated[float, Field(ge=0)]) = fixed(0.1)
+    carry: axis(bool) = Field(default=False, validate_default=True,
+                              description="carry the state across consecutive batches of a stream (text data)")
 
 
 class GpnAxes(Strict):
+    """GPN's layers and widths; 0 keeps the structure's default."""
+
     layers: axis(Literal[1, 2]) = fixed(1)
     memory: axis(bool) = Field(default=False, validate_default=True, description="GPN+M")
+    d_emb: axis(Annotated[int, Field(ge=0)]) = Field(
+        default=0, validate_default=True, description="embedding width; 0 = d_model (the paper: 768 at d 2496)")
+    mem_heads: axis(Annotated[int, Field(ge=0)]) = Field(default=0, validate_default=True,
+                                                         description="GPN+M memory heads; 0 = 4")
+    mem_key_dim: axis(Annotated[int, Field(ge=0)]) = Field(default=0, validate_default=True,
+                                                           description="GPN+M key dim; 0 = 3 d_model / (4 heads)")
+    mem_value_dim: axis(Annotated[int, Field(ge=0)]) = Field(default=0, validate_default=True,
+                                                             description="GPN+M value dim; 0 = 2 x key dim")
 
 
 class HrmAxes(Strict):
     N: axis(PositiveInt) = Field(default=2, validate_default=True, description="slow cycles")
     T: axis(PositiveInt) = Field(default=2, validate_default=True, description="fast steps per slow step")
+    grad: axis(Literal["bptt", "one_step"]) = Field(
+        default="bptt", validate_default=True,
+        description="bptt: through every step; one_step: HRM's approximation, only the last fast and slow "
+                    "updates carry gradient")
+    segments: axis(PositiveInt) = Field(
+        default=1, validate_default=True,
+        description="deep supervision: forward segments, each supervised, state detached between")
 
 
 class Axes(Strict):
@@ -129,6 +158,15 @@ class Axes(Strict):
     loops: axis(Annotated[int, Field(ge=1, le=64)]) = Field(
         default=2, validate_default=True, description="applications of a shared group (looped, universal)")
     exit_gate: axis(bool) = fixed(False)
+    exit_threshold: axis(Union[Annotated[float, Field(gt=0, le=1)], None]) = Field(
+        default=None, validate_default=True,
+        description="looped with exit_gate, evaluation: a token exits once its cumulative exit probability "
+                    "reaches this; null runs every loop")
+    cache_hole: axis(Annotated[float, Field(ge=0, le=1)]) = Field(
+        default=0.0, validate_default=True,
+        description="looped with exit_gate, training: share of tokens that take a sampled exit")
+    exit_entropy: axis(Annotated[float, Field(ge=0)]) = Field(
+        default=0.05, validate_default=True, description="looped with exit_gate: beta of the entropy bonus")
     attention: AttentionAxes = AttentionAxes()
     hybrid: HybridAxes = HybridAxes()
     memory: MemoryAxes = MemoryAxes()
@@ -185,8 +223,10 @@ class Budget(Strict):
                                        "both: whichever pair lands closest")
     tolerance: float = Field(default=0.005, gt=0, le=0.5, description="largest |achieved/target - 1|")
     protocol: Literal["none", "iso_param", "iso_flop"] = Field(
-        default="none", description="looped points also get a baseline arm: iso_param = the same layers once; "
-                                    "iso_flop = loops x layers distinct layers")
+        default="none", description="looped and hrm points also get a baseline arm, its MLP width solved to "
+                                    "their params (iso_param) or training FLOPs (iso_flop): looped k x L against "
+                                    "the same k layers once (iso_param) or L x k distinct layers (iso_flop); hrm "
+                                    "N x T against the Universal Transformer over the same layers for N * T steps")
 
     @model_validator(mode="after")
     def _non_empty(self) -> Budget:
@@ -233,8 +273,64 @@ class Execution(Strict):
                                   "default: beside the store")
 
 
+SAMPLERS = ("grid", "random", "tpe", "nsga2", "cmaes", "gp")
+OBJECTIVES = ("val_loss", "params", "flops_per_token", "train_flops", "tokens_per_s", "state_bytes",
+              "val_accuracy")
+_OBJECTIVE = r"^(" + "|".join(OBJECTIVES) + r"):(min|max)$"
+
+
+class Fidelity(Strict):
+    """Multi-fidelity by training tokens: trials stop at rungs, the best go on."""
+
+    kind: Literal["asha", "halving", "hyperband"] = Field(
+        description="asha: promote as soon as a rung has enough results; halving: rung by rung; "
+                    "hyperband: halving brackets starting at each rung")
+    rungs: int = Field(default=3, ge=2, le=8, description="stops, the full budget included: 3 -> 1/eta^2, 1/eta, 1")
+    eta: int = Field(default=3, ge=2, le=10, description="keep the top 1/eta of each rung")
+
+
+class Probe(Strict):
+    """A fidelity ladder: every candidate first trains on a cheap synthetic
+    task; only the best ``keep`` share then trains on the study's data."""
+
+    data: Data = Field(description="the probe's data, e.g. {kind: mqar} or {kind: task, task: mad_fuzzy_recall}")
+    recipe: Recipe | None = Field(default=None, description="the probe's recipe; default: the study's")
+    keep: float = Field(default=0.25, gt=0, le=1, description="share of candidates promoted to the study's data")
+
+
+class Search(Strict):
+    """Which points of the space to train: all of them (grid), or proposals of
+    an Optuna sampler told each result as it lands."""
+
+    sampler: Literal[SAMPLERS] = Field(
+        default="grid", description="grid: every point; random | tpe | nsga2 | cmaes | gp: Optuna's sampler, "
+                                    "asked for one point at a time")
+    trials: int | None = Field(default=None, ge=1, le=100_000,
+                               description="points to propose in all (samplers; a rerun with more continues)")
+    seed: int = Field(default=0, ge=0, le=2**31 - 1, description="the sampler's seed")
+    objectives: list[Annotated[str, Field(pattern=_OBJECTIVE)]] = Field(
+        default=["val_loss:min"], min_length=1, max_length=4,
+        description="NAME:min|max, NAME one of " + ", ".join(OBJECTIVES))
+    fidelity: Fidelity | None = Field(default=None, description="train every trial to its end (default), or "
+                                                                "stop at rungs and promote the best")
+    probe: Probe | None = Field(default=None, description="rank candidates on a synthetic task first")
+
+    @model_validator(mode="after")
+    def _sampler_needs(self) -> Search:
+        if self.sampler != "grid" and self.trials is None:
+            raise ValueError(f"sampler {self.sampler} needs trials: N (how many points to propose)")
+        if self.sampler == "cmaes" and len(self.objectives) > 1:
+            raise ValueError("cmaes optimises one objective; use nsga2 or tpe for several")
+        if self.probe is not None and (self.sampler != "grid" or self.fidelity is not None):
+            raise ValueError("search.probe ranks a grid's points: use it with sampler: grid and no fidelity")
+        names = [o.split(":")[0] for o in self.objectives]
+        if len(set(names)) < len(names):
+            raise ValueError("an objective is listed twice")
+        return self
+
+
 class Study(Strict):
-    """A study: a space, a budget ladder, data, a recipe, seeds, execution."""
+    """A study: a space, a budget ladder, data, a recipe, seeds, search, execution."""
 
     include: Union[str, list[str], None] = INCLUDE
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description="letters, digits, _ . -")
@@ -243,8 +339,25 @@ class Study(Strict):
     data: Data = TextData()
     recipe: Recipe = Recipe()
     seeds: list[int] = Field(default=[0], min_length=1)
+    search: Search = Search()
     execution: Execution = Execution()
     _origin: Any = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _fidelity_fits_the_schedule(self) -> Study:
+        fidelity = self.search.fidelity
+        if fidelity is None:
+            return self
+        if self.recipe.schedule != "wsd":
+            raise ValueError("search.fidelity needs recipe.schedule: wsd (a cosine schedule is set by the full "
+                             "length, so a trial stopped at a rung cannot be continued honestly)")
+        if 1 / fidelity.eta > 1 - self.recipe.decay_fraction:
+            raise ValueError(f"search.fidelity: the last rung before the end (1/{fidelity.eta} of the tokens) "
+                             f"falls in the decay phase (recipe.decay_fraction {self.recipe.decay_fraction}); "
+                             "lower decay_fraction or raise eta")
+        if not isinstance(self.recipe.lr, (int, float)):
+            raise ValueError("search.fidelity cannot be combined with a learning-rate sweep; give one lr")
+        return self
 
 
 _BASE = ("family", "num_layers", "taper.shape", "taper.ratio")
@@ -256,10 +369,12 @@ FAMILY_AXES: dict[str, tuple[str, ...]] = {
     "mamba": _BASE,
     "gdn": _BASE,
     "hybrid": _BASE + ("hybrid.ratio", "hybrid.pattern", "hybrid.mixer"),
-    "looped": _BASE + ("loops", "exit_gate", "hybrid.pattern"),
-    "memory": _BASE + ("memory.placement", "memory.slots", "memory.width", "memory.segment"),
-    "gpn": ("family", "taper.shape", "taper.ratio", "gpn.layers", "gpn.memory"),
-    "hrm": _BASE + ("hrm.N", "hrm.T"),
+    "looped": _BASE + ("loops", "exit_gate", "exit_threshold", "cache_hole", "exit_entropy", "hybrid.pattern"),
+    "memory": _BASE + ("memory.placement", "memory.slots", "memory.width", "memory.segment", "memory.aux",
+                       "memory.aux_weight", "memory.carry"),
+    "gpn": ("family", "taper.shape", "taper.ratio", "gpn.layers", "gpn.memory", "gpn.d_emb", "gpn.mem_heads",
+            "gpn.mem_key_dim", "gpn.mem_value_dim"),
+    "hrm": _BASE + ("hrm.N", "hrm.T", "hrm.grad", "hrm.segments"),
     "universal": _BASE + ("loops",),
     "titans": _BASE,
     "hope": _BASE,

@@ -167,6 +167,10 @@ class Recipe(Strict):
     eval_batches: int = Field(default=4, ge=1)
     autocast: Literal["auto", "bf16", "off"] = Field(default="auto", description="auto: bf16 on CUDA, off on CPU")
     compile: bool = Field(default=False, description="torch.compile the model")
+    gate_steps: int = Field(
+        default=0, ge=0, description="looped with exit_gate: Ouro's stage II after the main steps, this many steps "
+                                     "training only the exit gate on each loop's loss improvement, the LM frozen; "
+                                     "models without a gate ignore it")
 
     @field_validator("tokens", mode="before")
     @classmethod

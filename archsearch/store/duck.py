@@ -27,7 +27,7 @@ from archsearch.errors import StoreError
 from archsearch.store.runlock import run_alive
 
 # Bump when a table changes shape; an older store is refused with a clear line.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR);
@@ -44,11 +44,22 @@ CREATE TABLE IF NOT EXISTS trials (
     train_loss DOUBLE, val_loss DOUBLE, val_accuracy DOUBLE, steps BIGINT, tokens BIGINT,
     wall_time_s DOUBLE, tokens_per_s DOUBLE,
     code_version VARCHAR, created_at TIMESTAMPTZ, finished_at TIMESTAMPTZ);
+CREATE TABLE IF NOT EXISTS study_versions (
+    study VARCHAR, version INTEGER, config_hash VARCHAR, config JSON, text VARCHAR, code_version VARCHAR,
+    created_at TIMESTAMPTZ, PRIMARY KEY (study, version));
 CREATE TABLE IF NOT EXISTS study_trials (
     study VARCHAR, trial_id VARCHAR, PRIMARY KEY (study, trial_id));
+CREATE TABLE IF NOT EXISTS search_proposals (
+    study VARCHAR, number INTEGER, point JSON, trial_ids JSON, objectives JSON, "values" JSON,
+    state VARCHAR, finished_at TIMESTAMPTZ, PRIMARY KEY (study, number));
+CREATE TABLE IF NOT EXISTS trial_rungs (
+    trial_id VARCHAR, rung INTEGER, fraction DOUBLE, steps BIGINT, tokens BIGINT, val_loss DOUBLE,
+    val_accuracy DOUBLE, finished_at TIMESTAMPTZ, PRIMARY KEY (trial_id, rung));
+CREATE TABLE IF NOT EXISTS fidelity_ladders (
+    study VARCHAR PRIMARY KEY, points INTEGER, spearman DOUBLE, low DOUBLE, high DOUBLE, finished_at TIMESTAMPTZ);
 CREATE TABLE IF NOT EXISTS metrics (
     trial_id VARCHAR, step BIGINT, tokens BIGINT, train_loss DOUBLE, val_loss DOUBLE, val_accuracy DOUBLE,
-    lr DOUBLE,
+    lr DOUBLE, loop_fraction DOUBLE, loop_time_ratio DOUBLE,
     PRIMARY KEY (trial_id, step));
 """
 
@@ -162,16 +173,34 @@ class Store:
 
     # writing
 
-    def add_study(self, *, name: str, path: str, config: dict) -> None:
+    def add_study(self, *, name: str, path: str, config: dict, text: str | None = None) -> int:
+        """Register a study, or update it; a changed resolved config (a grown
+        grid, another seed, a larger trial budget) is kept as a new version
+        beside the old ones, with the file's text. Returns the version number."""
         now = _now()
+        blob = json.dumps(config, sort_keys=True)
+        digest = hashlib.sha256(blob.encode()).hexdigest()[:16]
         with self.transaction() as con:
             con.execute(
                 "INSERT INTO studies VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET "
                 "path = excluded.path, config = excluded.config, code_version = excluded.code_version, "
                 "updated_at = excluded.updated_at",
-                [name, path, json.dumps(config), code_version(), now, now])
+                [name, path, blob, code_version(), now, now])
+            rows = con.execute("SELECT version, config_hash FROM study_versions WHERE study = ? "
+                               "ORDER BY version DESC LIMIT 1", [name]).fetchall()
+            last = rows[0] if rows else None
+            if last is not None and last[1] == digest:
+                return last[0]
+            version = 1 if last is None else last[0] + 1
+            con.execute("INSERT INTO study_versions VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        [name, version, digest, blob, text, code_version(), now])
+        return version
 
-    def add_trials(self, study: str, trials: list[dict]) -> None:
+    def study_versions(self, study: str) -> pa.Table:
+        """Every version of a study's resolved config and file text, oldest first."""
+        return self.sql("SELECT * FROM study_versions WHERE study = ? ORDER BY version", [study])
+
+    def add_trials(self, study: str, trials: list[dict], *, con: duckdb.DuckDBPyConnection | None = None) -> None:
         """Register planned trials (``PlannedTrial.to_dict()`` rows); keeps finished ones as they are."""
         now = _now()
         rows = [[t["trial_id"], t["spec"]["family"], json.dumps(t["axes"]), t["seed"], t["match"], t["target"],
@@ -180,7 +209,7 @@ class Store:
                  json.dumps(t["recipe"]), json.dumps(t["data"]), "planned", code_version(), now] for t in trials]
         if not rows:
             return
-        with self.transaction() as con:
+        with self._within(con) as con:
             con.executemany(
                 "INSERT INTO trials (trial_id, family, axes, seed, match, target, params, total_params, "
                 "flops_per_token, match_error, achieved, state, d_model, num_layers, sweep_group, spec, recipe, "
@@ -198,11 +227,36 @@ class Store:
             con.execute("UPDATE trials SET status = 'interrupted' WHERE status = 'running'")
         return count
 
-    def mark_running(self, trial_id: str, *, con: duckdb.DuckDBPyConnection | None = None) -> None:
-        """A new attempt at the trial begins (``attempts`` counts them)."""
+    def mark_running(self, trial_id: str, *, new_attempt: bool = True,
+                     con: duckdb.DuckDBPyConnection | None = None) -> None:
+        """The trial trains now: a new attempt (``attempts`` counts them), or a promotion."""
         with self._within(con) as con:
-            con.execute("UPDATE trials SET status = 'running', attempts = attempts + 1 WHERE trial_id = ?",
-                        [trial_id])
+            con.execute("UPDATE trials SET status = 'running', attempts = attempts + ? WHERE trial_id = ?",
+                        [int(new_attempt), trial_id])
+
+    def record_rung(self, trial_id: str, rung: int, fraction: float, result: dict, *,
+                    con: duckdb.DuckDBPyConnection | None = None) -> None:
+        """A multi-fidelity trial reached ``rung`` (``fraction`` of its tokens)."""
+        with self._within(con) as con:
+            con.execute("INSERT OR REPLACE INTO trial_rungs VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                        [trial_id, rung, fraction, result["steps"], result["tokens"], _finite(result["val_loss"]),
+                         _finite(result["val_accuracy"]), _now()])
+
+    def pause(self, trial_id: str, result: dict, *, con: duckdb.DuckDBPyConnection | None = None) -> str:
+        """A trial stopped at a rung, waiting for promotion: its results and
+        curve so far are kept; it is not completed (``diverged`` if its loss
+        already is). Returns the status written."""
+        with self._within(con) as con:
+            if self.finish(trial_id, result, con=con) == "diverged":
+                return "diverged"
+            con.execute("UPDATE trials SET status = 'paused', sweep_best = NULL WHERE trial_id = ?", [trial_id])
+        return "paused"
+
+    def prune(self, trial_id: str, *, rung: int, rungs: int, con: duckdb.DuckDBPyConnection | None = None) -> None:
+        """A paused trial the search will not promote: ``pruned`` at its rung."""
+        with self._within(con) as con:
+            con.execute("UPDATE trials SET status = 'pruned', error = ? WHERE trial_id = ?",
+                        [f"pruned at rung {rung + 1} of {rungs}", trial_id])
 
     def add_points(self, points: list[tuple[str, dict]], *, con: duckdb.DuckDBPyConnection | None = None) -> None:
         """Evaluation rows ``(trial_id, row)`` of trials still training, so a
@@ -210,7 +264,7 @@ class Store:
         if points:
             with self._within(con) as con:
                 con.executemany(
-                    "INSERT OR REPLACE INTO metrics VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    "INSERT OR REPLACE INTO metrics VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     [_metric_row(trial_id, row) for trial_id, row in points])
 
     def finish(self, trial_id: str, result: dict, *, con: duckdb.DuckDBPyConnection | None = None) -> str:
@@ -219,7 +273,7 @@ class Store:
         A final loss that is NaN or infinite makes the trial ``diverged`` (with
         the reason in ``error``), never ``completed``. Returns the status written.
         """
-        diverged = _divergence(result)
+        diverged = divergence(result)
         with self._within(con) as con:
             con.execute(
                 "UPDATE trials SET status = ?, error = ?, train_loss = ?, val_loss = ?, val_accuracy = ?, "
@@ -231,7 +285,7 @@ class Store:
             self._mark_sweep_best(con, trial_id)
             con.execute("DELETE FROM metrics WHERE trial_id = ?", [trial_id])
             if result["curve"]:
-                con.executemany("INSERT INTO metrics VALUES (?, ?, ?, ?, ?, ?, ?)",
+                con.executemany("INSERT INTO metrics VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                                 [_metric_row(trial_id, row) for row in result["curve"]])
         return "diverged" if diverged else "completed"
 
@@ -253,7 +307,50 @@ class Store:
             con.execute("UPDATE trials SET status = ?, error = ?, finished_at = ? WHERE trial_id = ?",
                         [status, error, _now(), trial_id])
 
+    def record_proposals(self, study: str, records: list[dict], *,
+                         con: duckdb.DuckDBPyConnection | None = None) -> None:
+        """A sampled search's finished proposals: the point, its trials and the
+        objective values the sampler was told (None for a failed proposal)."""
+        if not records:
+            return
+        now = _now()
+        with self._within(con) as con:
+            con.executemany(
+                "INSERT OR REPLACE INTO search_proposals VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [[study, r["number"], json.dumps(r["point"], default=str), json.dumps(r["trial_ids"]),
+                  json.dumps(r["objectives"]), json.dumps(r["values"]), r["state"], now] for r in records])
+
+    def record_ladder(self, study: str, ladder: dict, *, con: duckdb.DuckDBPyConnection | None = None) -> None:
+        """The rank correlation between a study's probe and its own data."""
+        with self._within(con) as con:
+            con.execute("INSERT OR REPLACE INTO fidelity_ladders VALUES (?, ?, ?, ?, ?, ?)",
+                        [study, ladder["points"], ladder["spearman"], ladder["low"], ladder["high"], _now()])
+
     # reading
+
+    def ladders(self, study: str | None = None) -> pa.Table:
+        """Each study's probe-to-data rank correlation (fidelity ladders only)."""
+        if study is None:
+            return self.sql("SELECT * FROM fidelity_ladders ORDER BY study")
+        return self.sql("SELECT * FROM fidelity_ladders WHERE study = ?", [study])
+
+    def trial_rows(self) -> dict[str, dict]:
+        """Every trial's plan and result columns by trial id (for searches
+        that must not train a finished trial again)."""
+        table = self.sql("SELECT trial_id, status, params, flops_per_token, state, val_loss, val_accuracy, "
+                         "tokens, tokens_per_s FROM trials")
+        return {row["trial_id"]: row for row in table.to_pylist()}
+
+    def rung_rows(self) -> dict[str, dict[int, dict]]:
+        """Every multi-fidelity trial's rungs reached: trial id -> rung -> row."""
+        out: dict[str, dict[int, dict]] = {}
+        for row in self.sql("SELECT * FROM trial_rungs ORDER BY trial_id, rung").to_pylist():
+            out.setdefault(row["trial_id"], {})[row["rung"]] = row
+        return out
+
+    def proposals(self, study: str) -> pa.Table:
+        """A sampled search's proposals, in the order they were asked."""
+        return self.sql("SELECT * FROM search_proposals WHERE study = ? ORDER BY number", [study])
 
     def completed_ids(self) -> set[str]:
         return {row["trial_id"] for row in self.sql(
@@ -318,7 +415,7 @@ def _finite(value: float | None) -> float | None:
     return value if value is None or math.isfinite(value) else None
 
 
-def _divergence(result: dict) -> str | None:
+def divergence(result: dict) -> str | None:
     """Why a trained trial counts as diverged, or None."""
     for name in ("val_loss", "train_loss"):
         if not math.isfinite(result[name]):
@@ -328,8 +425,9 @@ def _divergence(result: dict) -> str | None:
 
 
 def _metric_row(trial_id: str, row: dict) -> list:
+    # loop_fraction and loop_time_ratio: looped models with early exits only (NULL otherwise)
     return [trial_id, row["step"], row["tokens"], _finite(row["train_loss"]), _finite(row["val_loss"]),
-            _finite(row["val_accuracy"]), row["lr"]]
+            _finite(row["val_accuracy"]), row["lr"], row.get("loop_fraction"), row.get("loop_time_ratio")]
 
 
 def checkpoint_dir(store: str | Path, trial_id: str, *, storage: str | Path | None = None) -> Path | str:

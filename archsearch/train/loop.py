@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -48,7 +49,7 @@ class TrialResult:
 def train_trial(*, spec: ArchSpec, recipe: dict, data: dict | Source, seed: int, threads: int | None = None,
                 on_eval: Callable[[dict], None] | None = None, device: str | torch.device | None = None,
                 checkpoint_dir: str | Path | None = None, checkpoint_every: int | None = None,
-                on_checkpoint: Callable[[Path], None] | None = None) -> TrialResult:
+                stop_at: float | None = None, on_checkpoint: Callable[[Path], None] | None = None) -> TrialResult:
     """Train ``spec`` with ``recipe`` (a dumped ``Recipe``) on ``data`` and evaluate.
 
     ``data`` is a dumped data config or a ready Source. Seeds torch, the data
@@ -59,6 +60,9 @@ def train_trial(*, spec: ArchSpec, recipe: dict, data: dict | Source, seed: int,
     (default: at every evaluation) and at the end, resumes from the newest one
     found there, and writes the final ``model.safetensors`` and ``spec.json``;
     ``on_checkpoint`` is called with the folder after each of those writes.
+    ``stop_at`` (a share of the budget, for multi-fidelity rungs) stops early
+    with an evaluation and a checkpoint; the schedule stays that of the full
+    budget, so a later call continues exactly as an uninterrupted run.
     """
     if threads is not None:
         torch.set_num_threads(threads)
@@ -69,6 +73,10 @@ def train_trial(*, spec: ArchSpec, recipe: dict, data: dict | Source, seed: int,
     optimizer = adamw(model, recipe)
     train_stream = torch.Generator().manual_seed(seed)
     steps = resolve_steps(recipe, params=count_params(spec), seq_len=_seq_len(source))
+    # Ouro stage II after the main steps, for models with an exit gate (the others ignore it)
+    gate_steps = recipe.get("gate_steps", 0) if getattr(model, "exit_gate", None) is not None else 0
+    total = steps + gate_steps
+    stop = total if stop_at is None else min(total, max(1, math.ceil(stop_at * steps)))
     batch_size, grad_accum = recipe["batch_size"], recipe.get("grad_accum", 1)
     save_every = checkpoint_every or recipe["eval_every"]
     fingerprint = _fingerprint(spec, recipe, data, seed)
@@ -79,40 +87,49 @@ def train_trial(*, spec: ArchSpec, recipe: dict, data: dict | Source, seed: int,
                                    fingerprint=fingerprint)
     # The compiled module shares the model's parameters; checkpoints save the plain model.
     forward = torch.compile(model) if recipe.get("compile") else model
+    streams, carry = _carries_state(model), contextlib.ExitStack()  # a memory's state, batch to batch, per row
+    if streams:
+        _check_streams(source, grad_accum)
+        carry.enter_context(model.carrying())
     autocast = _autocast(recipe, device)
     start = time.perf_counter() - state.elapsed_s
-    for step in range(state.step, steps):
-        lr = recipe_lr(step, recipe, steps=steps)
+    for step in range(state.step, stop):
+        gate_only = step >= steps
+        lr = recipe_lr(step - steps, recipe, steps=gate_steps) if gate_only else recipe_lr(step, recipe, steps=steps)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        batch = source.batch(split="train", batch_size=batch_size, generator=train_stream)
+        batch = _train_batch(source, batch_size=batch_size, generator=train_stream, step=step, streams=streams)
         optimizer.zero_grad(set_to_none=True)
-        loss = _backward(forward, batch, grad_accum=grad_accum, device=device, autocast=autocast, step=step)
+        loss = _backward(forward, batch, grad_accum=grad_accum, device=device, autocast=autocast, step=step,
+                         gate_only=gate_only)
         torch.nn.utils.clip_grad_norm_(model.parameters(), recipe["grad_clip"])
         optimizer.step()
         state.step, state.tokens = step + 1, state.tokens + batch.inputs.numel()
-        state.recent = (state.recent + [loss])[-10:]
-        if state.step % recipe["eval_every"] == 0 or state.step == steps:
+        # in the gate stage train_loss is the gate's loss, not averaged with the LM's
+        state.recent = (([] if step == steps else state.recent) + [loss])[-10:]
+        if state.step % recipe["eval_every"] == 0 or state.step in (steps, stop, total):
             val_loss, val_accuracy = evaluate(forward, source, recipe, seed=seed, device=device, autocast=autocast)
             row = dict(step=state.step, tokens=state.tokens, train_loss=sum(state.recent) / len(state.recent),
                        val_loss=val_loss, val_accuracy=val_accuracy, lr=lr)
+            row.update(exit_metrics(forward, source, recipe, seed=seed, device=device, autocast=autocast))
             state.curve.append(row)
             if on_eval is not None:
                 on_eval(row)
-        if checkpoint_dir is not None and (state.step % save_every == 0 or state.step == steps):
+        if checkpoint_dir is not None and (state.step % save_every == 0 or state.step in (stop, total)):
             state.elapsed_s = time.perf_counter() - start
             checkpoint.save(checkpoint_dir, model=model, spec=spec, optimizer=optimizer, state=state,
                             generator=train_stream, fingerprint=fingerprint)
             if on_checkpoint is not None:
                 on_checkpoint(Path(checkpoint_dir))
     wall = time.perf_counter() - start
-    if checkpoint_dir is not None:
+    carry.close()
+    if checkpoint_dir is not None and state.step == total:
         checkpoint.save_final(checkpoint_dir, model=model, spec=spec)
         if on_checkpoint is not None:
             on_checkpoint(Path(checkpoint_dir))
     last = state.curve[-1]
     return TrialResult(train_loss=last["train_loss"], val_loss=last["val_loss"], val_accuracy=last["val_accuracy"],
-                       steps=steps, tokens=state.tokens, wall_time_s=wall, tokens_per_s=state.tokens / wall,
+                       steps=state.step, tokens=state.tokens, wall_time_s=wall, tokens_per_s=state.tokens / wall,
                        curve=state.curve)
 
 
@@ -124,8 +141,8 @@ def evaluate(model: torch.nn.Module, source: Source, recipe: dict, *, seed: int,
     model.eval()
     stream = torch.Generator().manual_seed(seed + 1_000_003)
     losses, hits, scored = [], 0, 0
-    for _ in range(recipe["eval_batches"]):
-        batch = _to(source.batch(split="val", batch_size=recipe["batch_size"], generator=stream), device)
+    for batch in _val_batches(getattr(model, "_orig_mod", model), source, recipe, stream):
+        batch = _to(batch, device)
         with _autocast_context(device, autocast):
             logits_BTV = model(batch.inputs)
         losses.append(_loss(logits_BTV, batch.targets).item())
@@ -136,9 +153,13 @@ def evaluate(model: torch.nn.Module, source: Source, recipe: dict, *, seed: int,
     return sum(losses) / len(losses), hits / max(1, scored)
 
 
-def training_loss(model: torch.nn.Module, batch) -> torch.Tensor:
+def training_loss(model: torch.nn.Module, batch, *, gate_only: bool = False) -> torch.Tensor:
     """The model's own training objective when it has one (exit gates add an
-    expected loss over loops), else next-token cross-entropy."""
+    expected loss over loops), else next-token cross-entropy. ``gate_only``:
+    the exit gate's stage-II loss, which leaves every other weight without a
+    gradient (so AdamW, which skips those, leaves them as they are)."""
+    if gate_only:
+        return model.gate_loss(batch.inputs, batch.targets)
     own = getattr(model, "training_loss", None)
     if own is not None:
         return own(batch.inputs, batch.targets)
@@ -146,7 +167,7 @@ def training_loss(model: torch.nn.Module, batch) -> torch.Tensor:
 
 
 def _backward(model: torch.nn.Module, batch: Batch, *, grad_accum: int, device: torch.device, autocast: bool,
-              step: int) -> float:
+              step: int, gate_only: bool = False) -> float:
     """Backpropagate the batch's loss in ``grad_accum`` micro-batches; the loss, as a float.
 
     Each micro-batch's mean loss is weighted by its share of the scored
@@ -159,7 +180,7 @@ def _backward(model: torch.nn.Module, batch: Batch, *, grad_accum: int, device: 
         part = _to(Batch(inputs=batch.inputs[index * micro:(index + 1) * micro],
                          targets=batch.targets[index * micro:(index + 1) * micro]), device)
         with _autocast_context(device, autocast):
-            loss = training_loss(model, part)
+            loss = training_loss(model, part, gate_only=gate_only)
         if not torch.isfinite(loss):
             raise FloatingPointError(f"training loss became {loss.item()} at step {step}; lower the lr")
         if grad_accum > 1:
@@ -167,6 +188,78 @@ def _backward(model: torch.nn.Module, batch: Batch, *, grad_accum: int, device: 
         loss.backward()
         total += loss.item()
     return total
+
+
+@torch.no_grad()
+def exit_metrics(model: torch.nn.Module, source: Source, recipe: dict, *, seed: int,
+                 device: str | torch.device = "cpu", autocast: bool = False) -> dict:
+    """For a looped model that exits early (``exit_threshold``), on the
+    evaluation batches: ``loop_fraction``, the share of token-loop steps run
+    (1.0 = every token ran every loop), and ``loop_time_ratio``, the wall
+    time of those loops over the same batches run at the full loop count.
+    Empty for every other model."""
+    plain = getattr(model, "_orig_mod", model)
+    if getattr(getattr(plain, "options", None), "exit_threshold", None) is None:
+        return {}
+    was_training = plain.training
+    plain.eval()
+    stream = torch.Generator().manual_seed(seed + 1_000_003)  # the batches ``evaluate`` reads
+    ran, possible, seconds = 0, 0, {True: 0.0, False: 0.0}
+    for index, batch in enumerate(_val_batches(plain, source, recipe, stream)):
+        e_BTD = plain.embed(_to(batch, device).inputs)
+        for exits in (True, False):
+            if index == 0:  # one untimed pass each, so neither pays for warming up
+                plain.loops(e_BTD, exits=exits)
+            _synchronize(device)
+            began = time.perf_counter()
+            with _autocast_context(device, autocast):
+                run = plain.loops(e_BTD, exits=exits)
+            _synchronize(device)
+            seconds[exits] += time.perf_counter() - began
+            if exits:
+                ran += int(run.steps_BT.sum())
+                possible += run.steps_BT.numel() * plain.options.loops
+    plain.train(was_training)
+    return {"loop_fraction": ran / possible, "loop_time_ratio": seconds[True] / seconds[False]}
+
+
+def _synchronize(device: str | torch.device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _carries_state(model: torch.nn.Module) -> bool:
+    """Whether the model carries a state across batches (a memory with ``carry``)."""
+    options = getattr(model, "options", None)
+    return bool(getattr(options, "carry", False))
+
+
+def _check_streams(source: Source, grad_accum: int) -> None:
+    if not hasattr(source, "stream_batch"):
+        raise ValueError(f"memory carry needs consecutive windows of one stream per row, which only text data "
+                         f"gives; {type(source).__name__} draws independent examples (use data.kind: text)")
+    if grad_accum != 1:
+        raise ValueError("memory carry keeps one state per batch row; use recipe.grad_accum: 1")
+
+
+def _val_batches(model: torch.nn.Module, source: Source, recipe: dict, stream: torch.Generator):
+    """The evaluation batches: random windows drawn with ``stream``, or, for a
+    model that carries a state, consecutive windows read from fresh slots."""
+    if not _carries_state(model):
+        for _ in range(recipe["eval_batches"]):
+            yield source.batch(split="val", batch_size=recipe["batch_size"], generator=stream)
+        return
+    with model.carrying():
+        for index in range(recipe["eval_batches"]):
+            yield source.stream_batch(split="val", batch_size=recipe["batch_size"], step=index)
+
+
+def _train_batch(source: Source, *, batch_size: int, generator: torch.Generator, step: int,
+                 streams: bool) -> Batch:
+    """Random windows, or with ``streams`` batch ``step`` of consecutive windows per row."""
+    if streams:
+        return source.stream_batch(split="train", batch_size=batch_size, step=step)
+    return source.batch(split="train", batch_size=batch_size, generator=generator)
 
 
 def _loss(logits_BTV: torch.Tensor, targets_BT: torch.Tensor) -> torch.Tensor:

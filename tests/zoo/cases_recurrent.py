@@ -26,8 +26,12 @@ CASES = {
     "gpn_m-1layer-d40-2heads": gpn(memory=True, mem_heads=2),
     "gpn_m-2layers-d48-2heads-k12-w20": gpn(widths=(72, 40), d_model=48, memory=True, mem_heads=2, mem_key_dim=12,
                                             mem_value_dim=20),
+    # embedding narrower / wider than the state, as the paper's E = 768 beside D = 2496
+    "gpn-1layer-d40-emb24": gpn(d_emb=24),
+    "gpn_m-2layers-d40-emb56-untied": gpn(widths=(56, 48), d_emb=56, tie=False, memory=True, mem_heads=2),
     "hrm-N2-T2-fast2-slow1": hrm(N=2, T=2, fast_layers=2, slow_layers=1),
     "hrm-N3-T1-fast1-slow2": hrm(N=3, T=1, fast_layers=1),
+    "hrm-N2-T2-one-step-segments2": hrm(N=2, T=2, grad="one_step", segments=2),
     "universal-steps3": universal(steps=3),
     "universal-steps2-no-step-embedding": universal(widths=(72,), steps=2, step_embedding=False),
 }

@@ -16,6 +16,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from archsearch.arch import registry
 from archsearch.arch.model import build_model
 from archsearch.budget import count_params
 from archsearch.budget.count import weight_flops_per_token
@@ -50,22 +51,32 @@ def test_matmul_flops_agree_with_torch_counter(spec):
     per_module = counter.get_flop_counts()
     measured = sum(sum(ops.values()) for key, ops in per_module.items()
                    if key.partition(".")[2] in weights)
-    measured += 2 * spec.d_model * spec.vocab_size * seq_len  # the head is a bare matmul, tied or not
+    # the head is a bare matmul, tied or not, as wide as the embedding
+    measured += 2 * registry.structure(spec.structure).embedding_width(spec) * spec.vocab_size * seq_len
     analytic = weight_flops_per_token(spec, seq_len=seq_len) * seq_len
     assert measured == pytest.approx(analytic, rel=0.02)
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=IDS)
 def test_causal(spec):
+    """Changing every token after t leaves the logits up to t alone, and moves
+    the logits at t + 1 (which read that token): a model that ignores its
+    input, or reads only tokens before t, fails. Fails on the mutation
+    ``self.embed(tokens_BT)`` -> ``self.embed(tokens_BT).detach() * 0`` in
+    LanguageModel.forward, and on a one-token shift (logits at t from tokens < t)."""
     torch.manual_seed(0)
     model = build_model(spec).eval()
     tokens = torch.randint(0, spec.vocab_size, (2, 24))
     for t in (0, 9, 22):
         changed = tokens.clone()
-        changed[:, t + 1:] = torch.randint(0, spec.vocab_size, changed[:, t + 1:].shape)
+        # every later token replaced by a different one
+        shift = torch.randint(1, spec.vocab_size, changed[:, t + 1:].shape)
+        changed[:, t + 1:] = (changed[:, t + 1:] + shift) % spec.vocab_size
         with torch.no_grad():
             a, b = model(tokens), model(changed)
         assert torch.allclose(a[:, : t + 1], b[:, : t + 1], atol=1e-5), f"position <= {t} saw the future"
+        moved = (a[:, t + 1] - b[:, t + 1]).abs().amax(dim=-1)
+        assert (moved > 1e-4).all(), f"logits at {t + 1} ignore the token there (moved {moved.tolist()})"
 
 
 # Learning: one small case per family, declared as ``LEARN = {id: (spec, recipe overrides)}``.

@@ -37,12 +37,23 @@ class Attention(nn.Module):
         self.wqkv = nn.Linear(d, 3 * d, bias=False)
         self.wo = nn.Linear(d, d, bias=False)
 
-    def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
+    def forward(self, x_BTD: torch.Tensor, *, skip_BT: torch.Tensor | None = None,
+                cache: dict | None = None) -> torch.Tensor:
+        """``cache`` (a looped group's, one dict per layer, kept across loops)
+        holds the keys and values of the previous loop; tokens marked in
+        ``skip_BT`` (exited) keep those, so later tokens read an exited
+        token's keys and values as they were at its exit loop."""
         B, T, D = x_BTD.shape
         qkv = self.wqkv(x_BTD).view(B, T, 3, self.num_heads, self.head_dim)
         q_BHTK, k_BHTK, v_BHTK = qkv.permute(2, 0, 3, 1, 4).unbind(0)
         cos_TK, sin_TK = rope_tables(T, self.head_dim, self.theta, x_BTD.device)
         q_BHTK, k_BHTK = apply_rope(q_BHTK, cos_TK, sin_TK), apply_rope(k_BHTK, cos_TK, sin_TK)
+        if cache is not None:
+            if skip_BT is not None and "k" in cache:
+                frozen_B1T1 = skip_BT[:, None, :, None]
+                k_BHTK = torch.where(frozen_B1T1, cache["k"], k_BHTK)
+                v_BHTK = torch.where(frozen_B1T1, cache["v"], v_BHTK)
+            cache["k"], cache["v"] = k_BHTK, v_BHTK
         # fast path; attention_reference below is the same computation written out
         y_BHTK = F.scaled_dot_product_attention(q_BHTK, k_BHTK, v_BHTK, is_causal=True)
         return self.wo(y_BHTK.transpose(1, 2).reshape(B, T, D))

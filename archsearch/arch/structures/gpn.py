@@ -18,13 +18,14 @@ The paper's code (repo ``steve-z-wang/grounded-prediction-network``,
 its step 0 predicts x_0 from the zero state. Here, as in every archsearch model,
 the logits at t see tokens <= t and predict x_{t+1}.
 
-The embedding width equals d_model (the paper's d_emb is unstated and differs
-from d); W_fuse and W_dec are then D x D maps kept as in the paper, so the tied
-embedding still plays different roles in and out. ``paper_params`` counts the
-general d_emb != d case for the paper's sizes.
+The embedding width E (option ``d_emb``, default d_model) may differ from the
+state width D, as in the paper (D = 2496, E = 768 by papers.md's reading):
+W_fuse maps E -> D and W_dec maps D -> E, so the tied embedding (or an untied
+head) is V x E.
 
-Dimensions: B batch, T time, D state (d_model), F FFN width, V vocabulary,
-H memory heads, K key dim, W value dim (W, not V, to keep V for the vocabulary).
+Dimensions: B batch, T time, D state (d_model), E embedding width, F FFN width,
+V vocabulary, H memory heads, K key dim, W value dim (W, not V, to keep V for
+the vocabulary).
 """
 
 from __future__ import annotations
@@ -49,13 +50,15 @@ class GPNOptions:
 
     ``layers``: the number of recurrent layers, 1 or 2 in the paper; it must
     equal ``len(spec.layers)`` (the spec holds one LayerSpec per layer, so the
-    option may be left out). GPN+M only: ``mem_heads`` (default 4),
+    option may be left out). ``d_emb``: the embedding width E (default
+    d_model), the paper's 768 beside its D = 2496. GPN+M only: ``mem_heads`` (default 4),
     ``mem_key_dim`` (default 3D / (4 mem_heads), at least 1) and
     ``mem_value_dim`` (default 2 mem_key_dim): the paper's headline
     H=15, K=128, W=256 at D=2496 (H K ~ 0.75 D, W = 2K), scaled down.
     """
 
     layers: int
+    d_emb: int
     mem_heads: int | None = None
     mem_key_dim: int | None = None
     mem_value_dim: int | None = None
@@ -69,8 +72,8 @@ class GPNOptions:
 def gpn_options(spec: ArchSpec) -> GPNOptions:
     """Parse and check ``spec.options`` and ``spec.layers``; a ValueError names what is wrong."""
     with_memory = spec.structure == "gpn_m"
-    reject_unknown_options(spec, {"layers"} | ({"mem_heads", "mem_key_dim", "mem_value_dim"} if with_memory
-                                               else set()))
+    reject_unknown_options(spec, {"layers", "d_emb"} | ({"mem_heads", "mem_key_dim", "mem_value_dim"}
+                                                        if with_memory else set()))
     layers = spec.options.get("layers", spec.num_layers)
     if layers != spec.num_layers or spec.num_layers < 1:
         raise ValueError(f"{spec.structure}: options['layers']={layers} must equal len(spec.layers)="
@@ -79,15 +82,18 @@ def gpn_options(spec: ArchSpec) -> GPNOptions:
         if layer.mixer != MIXER or layer.mlp != "swiglu" or layer.mlp_width < 1:
             raise ValueError(f"{spec.structure}: layers are LayerSpec(mixer='gpn', mlp='swiglu', mlp_width > 0); "
                              f"got {layer}")
+    d_emb = spec.options.get("d_emb", spec.d_model)
+    if not isinstance(d_emb, int) or isinstance(d_emb, bool) or d_emb < 1:
+        raise ValueError(f"{spec.structure}: d_emb (the embedding width) must be an int >= 1, got {d_emb!r}")
     if not with_memory:
-        return GPNOptions(layers=layers)
+        return GPNOptions(layers=layers, d_emb=d_emb)
     heads = spec.options.get("mem_heads", 4)
     key_dim = spec.options.get("mem_key_dim", max(1, 3 * spec.d_model // (4 * max(1, heads))))
     value_dim = spec.options.get("mem_value_dim", 2 * key_dim)
     if not all(isinstance(n, int) and n >= 1 for n in (heads, key_dim, value_dim)):
         raise ValueError(f"gpn_m: mem_heads, mem_key_dim, mem_value_dim must be ints >= 1; got "
                          f"{(heads, key_dim, value_dim)}")
-    return GPNOptions(layers=layers, mem_heads=heads, mem_key_dim=key_dim, mem_value_dim=value_dim)
+    return GPNOptions(layers=layers, d_emb=d_emb, mem_heads=heads, mem_key_dim=key_dim, mem_value_dim=value_dim)
 
 
 def l2_normalize(x: torch.Tensor) -> torch.Tensor:
@@ -181,20 +187,23 @@ class GPN(LanguageModel):
 
     def __init__(self, spec: ArchSpec):
         super().__init__(spec)
-        memory = gpn_options(spec).memory
-        d = spec.d_model
-        self.fuse_norm = nn.RMSNorm(d, eps=spec.norm_eps)
-        self.fuse = nn.Linear(d, d, bias=False)
+        opts = gpn_options(spec)
+        memory, d, e = opts.memory, spec.d_model, opts.d_emb
+        if e != d:  # the frame's embedding and untied head are D wide; here they are E wide
+            self.embed = nn.Embedding(spec.vocab_size, e)
+            self.head = None if spec.tie_embeddings else nn.Linear(e, spec.vocab_size, bias=False)
+        self.fuse_norm = nn.RMSNorm(e, eps=spec.norm_eps)
+        self.fuse = nn.Linear(e, d, bias=False)
         self.fuse_keep = Gate(spec=spec)
         self.write = None if memory is None else MemoryWrite(spec=spec, memory=memory)
         self.layers = nn.ModuleList(GPNLayer(spec=spec, layer=layer, memory=memory) for layer in spec.layers)
-        self.decode = nn.Linear(d, d, bias=False)
+        self.decode = nn.Linear(d, e, bias=False)
         self.apply(_init_paper)
 
     def states(self, tokens_BT: torch.Tensor) -> torch.Tensor:
         """The predicted states s^p_t for every t: [B, T, D]."""
         B, T = tokens_BT.shape
-        grounding_BTD = self.fuse(self.fuse_norm(self.embed(tokens_BT)))  # no state in it: all t at once
+        grounding_BTD = self.fuse(self.fuse_norm(self.embed(tokens_BT)))  # [B, T, E] -> [B, T, D], all t at once
         predicted_BD = grounding_BTD.new_zeros(B, self.spec.d_model)
         grounded_prev_BD = torch.zeros_like(predicted_BD)
         M_BHKW = None
@@ -214,10 +223,10 @@ class GPN(LanguageModel):
         return torch.stack(predicted, dim=1)
 
     def forward(self, tokens_BT: torch.Tensor) -> torch.Tensor:
-        # the paper's factorised tied head: E W_dec RMSNorm(s^p); self.norm is that RMSNorm
-        x_BTD = self.decode(self.norm(self.states(tokens_BT)))
-        weight_VD = self.embed.weight if self.head is None else self.head.weight
-        return x_BTD @ weight_VD.T
+        # the paper's factorised tied head: Emb W_dec RMSNorm(s^p); self.norm is that RMSNorm
+        x_BTE = self.decode(self.norm(self.states(tokens_BT)))
+        weight_VE = self.embed.weight if self.head is None else self.head.weight
+        return x_BTE @ weight_VE.T
 
 
 def _init_paper(module: nn.Module) -> None:
@@ -249,10 +258,11 @@ def _init_paper(module: nn.Module) -> None:
 def paper_params(*, vocab_size: int, d_state: int, d_emb: int, ffn_widths: tuple[int, ...],
                  memory: tuple[int, int, int] | None) -> int:
     """Every parameter of a GPN(+M) with a tied embedding of width ``d_emb``, as in
-    papers.md section 4 (``memory`` = (H, K, W), None for GPN). With d_emb = d_state
-    this is what ``GPN`` builds; the paper's headline 1L GPN+M is
+    papers.md section 4 (``memory`` = (H, K, W), None for GPN): what ``GPN``
+    builds with ``d_emb`` set (tested in the zoo). The paper's headline 1L GPN+M is
     ``paper_params(vocab_size=32000, d_state=2496, d_emb=768, ffn_widths=(6656,),
-    memory=(15, 128, 256))`` = 129.15M."""
+    memory=(15, 128, 256))`` = 129.15M; ``GPN`` builds it with options
+    ``d_emb=768, mem_heads=15, mem_key_dim=128, mem_value_dim=256``."""
     d, e = d_state, d_emb
     gate = d * d + 2 * d  # its RMSNorm, W and b
     total = vocab_size * e + (d + d * e) + (e + e * d + gate)  # embedding, decoder, fuse and its gate
@@ -267,11 +277,17 @@ def paper_params(*, vocab_size: int, d_state: int, d_emb: int, ffn_widths: tuple
 
 
 def params(spec: ArchSpec) -> int:
-    """Non-embedding: ``paper_params`` less the tied embedding (an untied head is
-    counted by the caller, as for every structure)."""
-    total = paper_params(vocab_size=spec.vocab_size, d_state=spec.d_model, d_emb=spec.d_model,
-                         ffn_widths=spec.mlp_widths, memory=gpn_options(spec).memory)
-    return total - spec.vocab_size * spec.d_model
+    """Non-embedding: ``paper_params`` less the tied V x E embedding (an untied
+    head is counted by the caller, as for every structure)."""
+    opts = gpn_options(spec)
+    total = paper_params(vocab_size=spec.vocab_size, d_state=spec.d_model, d_emb=opts.d_emb,
+                         ffn_widths=spec.mlp_widths, memory=opts.memory)
+    return total - spec.vocab_size * opts.d_emb
+
+
+def embedding_width(spec: ArchSpec) -> int:
+    """E: the width of the embedding and LM head (``d_emb``, default d_model)."""
+    return gpn_options(spec).d_emb
 
 
 def mixing(spec: ArchSpec, seq_len: int) -> float:
@@ -289,8 +305,9 @@ def flops(spec: ArchSpec, seq_len: int) -> float:
     """Forward FLOPs per token, LM head excluded, independent of ``seq_len``: 2 per
     Linear weight (each Linear runs once per token; biases and the embedding lookup
     are free) plus ``mixing``."""
-    d, memory = spec.d_model, gpn_options(spec).memory
-    matrices = 3 * d * d  # fuse, fuse gate, decoder
+    opts = gpn_options(spec)
+    d, e, memory = spec.d_model, opts.d_emb, opts.memory
+    matrices = 2 * e * d + d * d  # fuse, decoder, fuse gate
     for width in spec.mlp_widths:
         matrices += 3 * d * width + d * d  # FFN, keep gate
     if memory is not None:

@@ -27,13 +27,26 @@ Between iterations each carried state is RMS-normalised without a weight
 loop). Without it the slow state grows geometrically, about (T+2)x per cycle,
 and the pre-norm layers' updates shrink against it. The last state goes
 straight to the final (weighted) norm, so one UT step without a step embedding
-is exactly the plain stack. Training is plain BPTT through every iteration.
+is exactly the plain stack.
+
+HRM-LM trains by plain BPTT through every iteration (``grad: bptt``, the
+default) or by HRM's one-step gradient approximation (``grad: one_step``):
+every update but the last fast and the last slow one runs under no_grad, so
+the gradient is that of the last two updates with their inputs held fixed
+(HRM section 2, https://arxiv.org/abs/2506.21734, ``hrm_act_v1.py``). Deep
+supervision (``segments`` S > 1) runs the N-cycle loop S times, each segment
+starting from the last one's states detached; ``training_loss`` is the mean
+over segments of each segment's cross-entropy, and ``forward`` returns the
+last segment's logits. HRM takes one optimizer step per segment; here the S
+losses share one step, so their gradients (each through its own segment
+only) are averaged at the same weights.
 
 Dimensions: B batch, T time, D model width.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -51,6 +64,7 @@ from archsearch.arch.structures.stack import (
     layer_mixing,
     reject_unknown_options,
 )
+from archsearch.data import IGNORE
 
 
 class Stage(nn.Module):
@@ -79,17 +93,21 @@ class HRMOptions:
     >= 1; ``fast_layers`` (default half of ``spec.layers``, rounded up) and
     ``slow_layers`` (default the rest) split ``spec.layers`` in order, each >= 1,
     summing to ``len(spec.layers)``. HRM's config is N = T = 2 over 4 + 4 layers.
+    ``grad``: "bptt" (default) or "one_step" (HRM's approximation); ``segments``
+    >= 1 (default 1): deep supervision over that many segments.
     """
 
     N: int = 2
     T: int = 2
     fast_layers: int
     slow_layers: int
+    grad: str = "bptt"
+    segments: int = 1
 
 
 def hrm_options(spec: ArchSpec) -> HRMOptions:
     """Parse and check ``spec.options``; a ValueError names what is wrong."""
-    reject_unknown_options(spec, {"N", "T", "fast_layers", "slow_layers"})
+    reject_unknown_options(spec, {"N", "T", "fast_layers", "slow_layers", "grad", "segments"})
     num = spec.num_layers
     fast = spec.options.get("fast_layers", num - num // 2)
     opts = HRMOptions(**{"fast_layers": fast, "slow_layers": num - fast, **spec.options})
@@ -97,32 +115,67 @@ def hrm_options(spec: ArchSpec) -> HRMOptions:
             or opts.fast_layers + opts.slow_layers != num:
         raise ValueError(f"hrm: N, T, fast_layers, slow_layers must be ints >= 1 with fast_layers + slow_layers = "
                          f"len(spec.layers) = {num}; got {opts}")
+    if opts.grad not in ("bptt", "one_step"):
+        raise ValueError(f"hrm: grad must be 'bptt' or 'one_step', got {opts.grad!r}")
+    if not isinstance(opts.segments, int) or isinstance(opts.segments, bool) or opts.segments < 1:
+        raise ValueError(f"hrm: segments must be an int >= 1, got {opts.segments!r}")
     return opts
 
 
-
 class HRM(LanguageModel):
-    """HRM-LM: tokens [B, T] -> logits [B, T, V]; fast module N*T times, slow module N times."""
+    """HRM-LM: tokens [B, T] -> logits [B, T, V]; per segment, the fast module
+    N*T times and the slow module N times."""
 
     def __init__(self, spec: ArchSpec):
         super().__init__(spec)
         opts = hrm_options(spec)
         self.cycles, self.fast_steps = opts.N, opts.T
+        self.one_step, self.segments = opts.grad == "one_step", opts.segments
         self.fast = Stage(spec=spec, layers=spec.layers[: opts.fast_layers])
         self.slow = Stage(spec=spec, layers=spec.layers[opts.fast_layers:])
         self.apply(init_weights)
 
-    def body(self, e_BTD: torch.Tensor) -> torch.Tensor:
+    def _graded(self, last: bool):
+        """Where the gradient flows: every update under BPTT, the last ones under one_step."""
+        return torch.no_grad() if self.one_step and not last else contextlib.nullcontext()
+
+    def segment(self, e_BTD: torch.Tensor, fast_BTD: torch.Tensor,
+                slow_BTD: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """N cycles from the given states: (fast, slow) after them, each [B, T, D]."""
         eps = self.spec.norm_eps
-        fast_BTD = torch.zeros_like(e_BTD)
-        slow_BTD = torch.zeros_like(e_BTD)
         for cycle in range(self.cycles):
-            for _ in range(self.fast_steps):
-                fast_BTD = _carry(self.fast(fast_BTD + slow_BTD + e_BTD), eps)
-            slow_BTD = self.slow(slow_BTD + fast_BTD)
-            if cycle + 1 < self.cycles:
+            last_cycle = cycle + 1 == self.cycles
+            for step in range(self.fast_steps):
+                with self._graded(last_cycle and step + 1 == self.fast_steps):
+                    fast_BTD = _carry(self.fast(fast_BTD + slow_BTD + e_BTD), eps)
+            with self._graded(last_cycle):
+                slow_BTD = self.slow(slow_BTD + fast_BTD)
+            if not last_cycle:
                 slow_BTD = _carry(slow_BTD, eps)
-        return slow_BTD
+        return fast_BTD, slow_BTD
+
+    def segment_states(self, e_BTD: torch.Tensor) -> list[torch.Tensor]:
+        """The slow state after each segment; a segment starts from the last one's
+        states, detached (and the slow one carry-normed), the first from zeros."""
+        fast_BTD = slow_BTD = torch.zeros_like(e_BTD)
+        out = []
+        for index in range(self.segments):
+            if index:
+                fast_BTD, slow_BTD = fast_BTD.detach(), _carry(slow_BTD.detach(), self.spec.norm_eps)
+            fast_BTD, slow_BTD = self.segment(e_BTD, fast_BTD, slow_BTD)
+            out.append(slow_BTD)
+        return out
+
+    def body(self, e_BTD: torch.Tensor) -> torch.Tensor:
+        return self.segment_states(e_BTD)[-1]
+
+    def training_loss(self, inputs_BT: torch.Tensor, targets_BT: torch.Tensor) -> torch.Tensor:
+        """Mean over segments of each segment's next-token cross-entropy (one segment: plain CE)."""
+        weight_VD = self.embed.weight if self.head is None else self.head.weight
+        losses = [F.cross_entropy((self.norm(h_BTD) @ weight_VD.T).flatten(0, 1).float(), targets_BT.flatten(),
+                                  ignore_index=IGNORE)
+                  for h_BTD in self.segment_states(self.embed(inputs_BT))]
+        return torch.stack(losses).mean()
 
 
 def hrm_params(spec: ArchSpec) -> int:
@@ -133,25 +186,41 @@ def hrm_params(spec: ArchSpec) -> int:
 
 
 def _hrm_sum(spec: ArchSpec, per_layer) -> float:
-    """N * (T * sum over fast layers + sum over slow layers) of ``per_layer(layer)``."""
+    """S * N * (T * sum over fast layers + sum over slow layers) of ``per_layer(layer)``."""
     opts = hrm_options(spec)
     fast, slow = spec.layers[: opts.fast_layers], spec.layers[opts.fast_layers:]
-    return opts.N * (opts.T * sum(map(per_layer, fast)) + sum(map(per_layer, slow)))
+    return opts.segments * opts.N * (opts.T * sum(map(per_layer, fast)) + sum(map(per_layer, slow)))
 
 
 def hrm_flops(spec: ArchSpec, seq_len: int) -> float:
-    """Forward FLOPs per token, LM head excluded: N*T*C_fast + N*C_slow."""
+    """Forward FLOPs per token, LM head excluded: S (N*T*C_fast + N*C_slow) over S segments."""
     return _hrm_sum(spec, lambda layer: layer_flops(spec, layer, seq_len))
 
 
+def hrm_graded(spec: ArchSpec, seq_len: int) -> float | None:
+    """Under ``one_step``, the training forward FLOPs that carry gradient: per
+    segment one fast and one slow call and the LM head, S (C_fast + C_slow + 2 D V);
+    None (all of them) under BPTT."""
+    opts = hrm_options(spec)
+    if opts.grad != "one_step":
+        return None
+    calls = sum(layer_flops(spec, layer, seq_len) for layer in spec.layers)  # one call of each module
+    return opts.segments * (calls + 2.0 * spec.d_model * spec.vocab_size)
+
+
+def hrm_train_extra(spec: ArchSpec, seq_len: int) -> float:
+    """Deep supervision reads logits after segments 1..S-1 too: (S-1) LM heads of 2 D V."""
+    return 2.0 * spec.d_model * spec.vocab_size * (hrm_options(spec).segments - 1)
+
+
 def hrm_mixing(spec: ArchSpec, seq_len: int) -> float:
-    """Attention scores and mixing of every layer call: N*T*A_fast + N*A_slow."""
+    """Attention scores and mixing of every layer call: S (N*T*A_fast + N*A_slow)."""
     return _hrm_sum(spec, lambda layer: layer_mixing(spec, layer, seq_len))
 
 
 def hrm_state(spec: ArchSpec, seq_len: int) -> int:
     """Every module call sees different inputs, so each keeps its own caches:
-    N*T times the fast layers' plus N times the slow layers'."""
+    S N T times the fast layers' plus S N times the slow layers'."""
     return int(_hrm_sum(spec, lambda layer: blocks.mixer(layer.mixer).state(spec, layer, seq_len)))
 
 

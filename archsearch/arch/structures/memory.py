@@ -14,10 +14,19 @@ into the slots with a GRU:
 
 Segment k is modulated only by S_k, the state from before it: no token can
 see a later token of its own segment through the memory. The write reads the
-un-modulated H_k, so the write path never depends on the read path. The last
-segment is not written (nothing after it reads the result), and the state
-starts from the learned slots on every call: it persists across the segments
-of a sequence, not across batches.
+un-modulated H_k, so the write path never depends on the read path. A plain
+forward starts from the learned slots and does not write the last segment
+(nothing reads the result): it is a pure function of its tokens. With
+``carry``, the last segment is written too, and inside ``model.carrying()``
+each call starts from the state the previous call left, detached (truncated
+backpropagation through time): the training loop then feeds row b of every
+batch the next chunk of the same stream (``TokenCorpus.stream_batch``).
+
+Auxiliary losses (the paper's ablations; its objective is not published, so
+this is our reading of "self-prediction"): ``aux: self`` trains a linear head
+to predict the next state S_{k+1} (detached) from S_k; ``aux: random`` is the
+control, the same head fitted to fresh Gaussian noise. Either adds
+``aux_weight`` times its mean squared error to the training loss.
 
 Dimensions: B batch, T time, D model width, N segments, C segment length,
 M slots, S memory width, H memory heads, K = S / H head width.
@@ -25,6 +34,7 @@ M slots, S memory width, H memory heads, K = S / H head width.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, fields
 
@@ -40,12 +50,25 @@ from archsearch.arch.structures.stack import (
     init_weights,
     reject_unknown_options,
 )
+from archsearch.data import IGNORE
 
 # the write gate starts nearly closed (sigmoid(-2) = 0.12), so the memory is a
 # small perturbation of the plain stack at initialisation
 GATE_BIAS_INIT = -2.0
 # the initial slots must differ, or every slot reads and writes the same thing
 SLOT_INIT_STD = 0.5
+# default slot width over d_model, rounded to a multiple of 8 * memory_heads:
+# at the paper's shape (6 layers, d 512, GPT-2's 50257 tokens, tied) S = 272
+# and the memory adds 3.65% of the model's parameters, the paper's "3.7%"
+# (S = d_model would add 8.8%)
+MEMORY_WIDTH_RATIO = 0.53
+AUX_KINDS = ("none", "self", "random")
+
+
+def default_memory_dim(d_model: int, heads: int = 1) -> int:
+    """``MEMORY_WIDTH_RATIO * d_model`` rounded to a multiple of ``8 * heads`` (at least one multiple)."""
+    multiple = 8 * heads
+    return max(multiple, round(MEMORY_WIDTH_RATIO * d_model / multiple) * multiple)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,9 +76,11 @@ class MemoryOptions:
     """The options of the "memory" structure, checked.
 
     ``placement`` in [0, num_layers - 1]: the memory sits after that layer
-    (default num_layers // 2 - 1, clamped at 0: after the lower half).
-    ``slots`` >= 1, ``segment`` >= 1 tokens, ``memory_dim`` >= 1 (default
-    d_model), ``memory_heads`` >= 1 dividing ``memory_dim``.
+    (default num_layers // 2 - 1, clamped at 0: half the layers below it,
+    half above). ``slots`` >= 1, ``segment`` >= 1 tokens, ``memory_dim`` >= 1
+    (default ``default_memory_dim``), ``memory_heads`` >= 1 dividing
+    ``memory_dim``. ``aux`` in none | self | random with ``aux_weight`` >= 0;
+    ``carry``: the state carries across consecutive batches of a stream.
     """
 
     placement: int
@@ -63,12 +88,17 @@ class MemoryOptions:
     segment: int = 64
     memory_dim: int
     memory_heads: int = 1
+    aux: str = "none"
+    aux_weight: float = 0.1
+    carry: bool = False
 
 
 def memory_options(spec: ArchSpec) -> MemoryOptions:
     """Parse and check ``spec.options``; a ValueError names what is wrong."""
     reject_unknown_options(spec, {f.name for f in fields(MemoryOptions)})
-    defaults = dict(placement=max(0, spec.num_layers // 2 - 1), memory_dim=spec.d_model)
+    heads = spec.options.get("memory_heads", 1)
+    defaults = dict(placement=max(0, spec.num_layers // 2 - 1),
+                    memory_dim=default_memory_dim(spec.d_model, heads if isinstance(heads, int) and heads > 0 else 1))
     opts = MemoryOptions(**{**defaults, **spec.options})
     if not 0 <= opts.placement < spec.num_layers:
         raise ValueError(f"memory: placement must be in [0, {spec.num_layers - 1}], got {opts.placement}")
@@ -78,6 +108,12 @@ def memory_options(spec: ArchSpec) -> MemoryOptions:
             raise ValueError(f"memory: {name} must be an int >= 1, got {value!r}")
     if opts.memory_dim % opts.memory_heads:
         raise ValueError(f"memory: memory_heads {opts.memory_heads} must divide memory_dim {opts.memory_dim}")
+    if opts.aux not in AUX_KINDS:
+        raise ValueError(f"memory: aux must be one of {', '.join(AUX_KINDS)}, got {opts.aux!r}")
+    if not isinstance(opts.aux_weight, (int, float)) or opts.aux_weight < 0:
+        raise ValueError(f"memory: aux_weight must be a number >= 0, got {opts.aux_weight!r}")
+    if not isinstance(opts.carry, bool):
+        raise ValueError(f"memory: carry must be true or false, got {opts.carry!r}")
     return opts
 
 
@@ -123,13 +159,15 @@ def _attend(q_BQHK: torch.Tensor, k_BKHK: torch.Tensor, v_BKHK: torch.Tensor) ->
 class RecurrentMemory(nn.Module):
     """Slots read by each segment's tokens, then updated from that segment.
 
-    forward: hidden states [B, T, D] -> modulated hidden states [B, T, D].
+    forward: hidden states [B, T, D] (and optionally the state to start
+    from, [B, M, S]) -> modulated hidden states [B, T, D] and the states
+    S_0 .. S_N (S_N only with ``carry``), [B, N or N + 1, M, S].
     """
 
     def __init__(self, *, spec: ArchSpec, opts: MemoryOptions):
         super().__init__()
         d, s = spec.d_model, opts.memory_dim
-        self.segment, self.heads = opts.segment, opts.memory_heads
+        self.segment, self.heads, self.write_last = opts.segment, opts.memory_heads, opts.carry
         self.norm = nn.RMSNorm(d, eps=spec.norm_eps)
         self.initial_MS = nn.Parameter(torch.randn(opts.slots, s) * SLOT_INIT_STD)
         # read: tokens are queries, slots are keys and values
@@ -141,6 +179,9 @@ class RecurrentMemory(nn.Module):
         self.write_q = nn.Linear(s, s, bias=False)
         self.write_kv = nn.Linear(d, 2 * s, bias=False)
         self.gru = GRUCell(input_size=s, hidden_size=s)
+        # training only: S_k -> a prediction of S_{k+1} (or of noise, the control)
+        self.aux_kind = opts.aux
+        self.aux_head = nn.Linear(s, s) if opts.aux != "none" else None
 
     def reset_parameters(self) -> None:
         """What differs from the GPT-2 init the whole model gets first."""
@@ -156,15 +197,17 @@ class RecurrentMemory(nn.Module):
         read_BMHK = _attend(self._heads(self.write_q(state_BMS)), self._heads(k_BCS), self._heads(v_BCS))
         return self.gru(read_BMHK.flatten(-2), state_BMS)
 
-    def segment_states(self, hn_BTD: torch.Tensor) -> torch.Tensor:
+    def segment_states(self, hn_BTD: torch.Tensor, start_BMS: torch.Tensor | None = None) -> torch.Tensor:
         """The state each segment reads, [B, N, M, S]: segment k gets S_k,
-        the slots after segments 0..k-1 (the learned slots for k = 0)."""
+        the slots after segments 0..k-1 (``start_BMS``, default the learned
+        slots, for k = 0). With ``carry`` one more, S_N, after the last segment."""
         B, T, _ = hn_BTD.shape
         # a copy, not expand(): a view of a parameter made under no_grad trips
         # module hooks (torch's FLOP counter) that expect a grad_fn
-        state_BMS = self.initial_MS.repeat(B, 1, 1)
+        state_BMS = self.initial_MS.repeat(B, 1, 1) if start_BMS is None else start_BMS
         states = [state_BMS]
-        for start in range(0, T - self.segment, self.segment):
+        last = T if self.write_last else T - self.segment
+        for start in range(0, last, self.segment):
             state_BMS = self.write(state_BMS, hn_BTD[:, start:start + self.segment])
             states.append(state_BMS)
         return torch.stack(states, dim=1)
@@ -179,11 +222,27 @@ class RecurrentMemory(nn.Module):
         read_BNCHK = _attend(self._heads(q_BNCS), self._heads(k_BNMS), self._heads(v_BNMS))
         return read_BNCHK.flatten(-2).flatten(1, 2)[:, :T]
 
-    def forward(self, h_BTD: torch.Tensor) -> torch.Tensor:
+    def forward(self, h_BTD: torch.Tensor, start_BMS: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
         hn_BTD = self.norm(h_BTD)
-        read_BTS = self.read(hn_BTD, self.segment_states(hn_BTD))
+        states_BKMS = self.segment_states(hn_BTD, start_BMS)
+        num_segments = -(-h_BTD.shape[1] // self.segment)
+        read_BTS = self.read(hn_BTD, states_BKMS[:, :num_segments])
         gate_BTD = torch.sigmoid(self.gate(torch.cat([hn_BTD, read_BTS], dim=-1)))
-        return h_BTD + gate_BTD * self.read_out(read_BTS)
+        return h_BTD + gate_BTD * self.read_out(read_BTS), states_BKMS
+
+    def aux_loss(self, states_BKMS: torch.Tensor) -> torch.Tensor:
+        """Mean squared error of the aux head over consecutive state pairs:
+        S_k predicts S_{k+1} (detached; ``self``) or fresh N(0, 1) noise
+        (``random``). Zero when there is no pair (a single segment)."""
+        pred_BKMS = self.aux_head(states_BKMS[:, :-1])
+        if pred_BKMS.shape[1] == 0:
+            return pred_BKMS.sum()
+        if self.aux_kind == "self":
+            target_BKMS = states_BKMS[:, 1:].detach()
+        else:
+            target_BKMS = torch.randn_like(pred_BKMS)
+        return F.mse_loss(pred_BKMS.float(), target_BKMS.float())
 
 
 class MemoryStack(LanguageModel):
@@ -191,30 +250,73 @@ class MemoryStack(LanguageModel):
 
     def __init__(self, spec: ArchSpec):
         super().__init__(spec)
-        opts = memory_options(spec)
+        self.options = opts = memory_options(spec)
         self.placement = opts.placement
         self.layers = nn.ModuleList(Layer(spec=spec, layer=layer) for layer in spec.layers)
         self.memory = RecurrentMemory(spec=spec, opts=opts)
         self.apply(init_weights)
         self.memory.reset_parameters()
+        # inside carrying(): [the state the last forward left] (empty before the first)
+        self._carried: list[torch.Tensor] | None = None
 
-    def body(self, x_BTD: torch.Tensor) -> torch.Tensor:
+    @contextlib.contextmanager
+    def carrying(self):
+        """Inside, each forward starts from the (detached) state the previous
+        one ended with, row by row; outside, every forward starts from the
+        learned slots. Nested uses start fresh and restore the outer state."""
+        if not self.options.carry:
+            raise ValueError("memory: carrying() needs the option carry=True")
+        outer, self._carried = self._carried, []
+        try:
+            yield self
+        finally:
+            self._carried = outer
+
+    def _start_state(self, batch_size: int) -> torch.Tensor | None:
+        if not self._carried:
+            return None
+        state_BMS = self._carried[0]
+        if state_BMS.shape[0] != batch_size:
+            raise ValueError(f"memory: a carried state has {state_BMS.shape[0]} rows, this batch {batch_size}; "
+                             "carry needs the same batch size on every step (and grad_accum 1)")
+        return state_BMS
+
+    def hidden(self, x_BTD: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The last layer's output [B, T, D] and the memory states [B, K, M, S]."""
+        states_BKMS = None
         for index, layer in enumerate(self.layers):
             x_BTD = layer(x_BTD)
             if index == self.placement:
-                x_BTD = self.memory(x_BTD)
-        return x_BTD
+                x_BTD, states_BKMS = self.memory(x_BTD, self._start_state(x_BTD.shape[0]))
+        if self._carried is not None:
+            self._carried[:] = [states_BKMS[:, -1].detach()]
+        return x_BTD, states_BKMS
+
+    def body(self, x_BTD: torch.Tensor) -> torch.Tensor:
+        return self.hidden(x_BTD)[0]
+
+    def training_loss(self, inputs_BT: torch.Tensor, targets_BT: torch.Tensor) -> torch.Tensor:
+        """Next-token CE, plus ``aux_weight`` times the auxiliary loss when ``aux`` is on."""
+        h_BTD, states_BKMS = self.hidden(self.embed(inputs_BT))
+        weight_VD = self.embed.weight if self.head is None else self.head.weight
+        logits_BTV = self.norm(h_BTD) @ weight_VD.T
+        loss = F.cross_entropy(logits_BTV.flatten(0, 1).float(), targets_BT.flatten(), ignore_index=IGNORE)
+        if self.memory.aux_head is None:
+            return loss
+        return loss + self.options.aux_weight * self.memory.aux_loss(states_BKMS)
 
 
 def memory_params(spec: ArchSpec) -> int:
-    """The memory module alone: D^2 + 5 D S + 9 S^2 + 2 D + 6 S + M S.
+    """The memory module alone: D^2 + 5 D S + 9 S^2 + 2 D + 6 S + M S
+    (+ S^2 + S for the aux head when ``aux`` is on).
 
     norm D; slots M S; read q D S, kv 2 S^2, out S D; gate (D + S) D + D;
     write q S^2, kv 2 D S; GRU 6 S^2 + 6 S.
     """
     opts, d = memory_options(spec), spec.d_model
     s, m = opts.memory_dim, opts.slots
-    return d * d + 5 * d * s + 9 * s * s + 2 * d + 6 * s + m * s
+    aux = s * s + s if opts.aux != "none" else 0
+    return d * d + 5 * d * s + 9 * s * s + 2 * d + 6 * s + m * s + aux
 
 
 def params(spec: ArchSpec) -> int:
@@ -222,20 +324,30 @@ def params(spec: ArchSpec) -> int:
     return stack.params(spec) + memory_params(spec)
 
 
-def _segments(spec: ArchSpec, seq_len: int) -> tuple[MemoryOptions, int, int]:
-    """Options, number of segments N = ceil(T / C), and writes N - 1."""
+def overhead(spec: ArchSpec) -> float:
+    """The memory's parameters over the rest of the model's, embeddings (and
+    an untied head) included: the paper's "+3.7%"."""
+    embeddings = spec.vocab_size * spec.d_model * (1 if spec.tie_embeddings else 2)
+    return memory_params(spec) / (stack.params(spec) + embeddings)
+
+
+def _segments(spec: ArchSpec, seq_len: int) -> tuple[MemoryOptions, int, int, int]:
+    """Options, segments N = ceil(T / C), writes (N - 1, or N with ``carry``)
+    and the tokens those writes read ((N - 1) C, or T)."""
     opts = memory_options(spec)
     num_segments = -(-seq_len // opts.segment)
-    return opts, num_segments, num_segments - 1
+    if opts.carry:
+        return opts, num_segments, num_segments, seq_len
+    return opts, num_segments, num_segments - 1, (num_segments - 1) * opts.segment
 
 
 def memory_mixing(spec: ArchSpec, seq_len: int) -> float:
     """Cross-attention scores and weighted sums, per token: reads 4 M S (every
-    token against M slots), writes 4 M C S per written segment (M slots
-    against C tokens), spread over T."""
-    opts, _, writes = _segments(spec, seq_len)
+    token against M slots), writes 4 M S per written token (M slots against
+    each token of the written segments), spread over T."""
+    opts, _, _, written = _segments(spec, seq_len)
     s, m = opts.memory_dim, opts.slots
-    return 4.0 * m * s + writes * 4.0 * m * opts.segment * s / seq_len
+    return 4.0 * m * s + 4.0 * m * s * written / seq_len
 
 
 def memory_flops(spec: ArchSpec, seq_len: int) -> float:
@@ -243,14 +355,22 @@ def memory_flops(spec: ArchSpec, seq_len: int) -> float:
 
     Per token: read q 2 D S, out 2 S D, gate 2 (D + S) D. Per segment (N of
     them): slot keys and values 4 M S^2. Per write (N - 1 of them, the last
-    segment is not written): token keys and values 4 D S on each of its C
-    tokens, slot queries 2 M S^2, GRU 12 M S^2.
+    segment is written only with ``carry``): slot queries 2 M S^2 and GRU
+    12 M S^2, and token keys and values 4 D S on every token it reads.
     """
-    opts, segments, writes = _segments(spec, seq_len)
-    d, s, m, c = spec.d_model, opts.memory_dim, opts.slots, opts.segment
+    opts, segments, writes, written = _segments(spec, seq_len)
+    d, s, m = spec.d_model, opts.memory_dim, opts.slots
     per_token = 2.0 * d * s + 2.0 * s * d + 2.0 * (d + s) * d
-    per_sequence = segments * 4.0 * m * s * s + writes * (4.0 * d * s * c + 14.0 * m * s * s)
+    per_sequence = segments * 4.0 * m * s * s + writes * 14.0 * m * s * s + written * 4.0 * d * s
     return per_token + per_sequence / seq_len + memory_mixing(spec, seq_len)
+
+
+def train_extra(spec: ArchSpec, seq_len: int) -> float:
+    """The aux head, run only by ``training_loss``: 2 M S^2 per consecutive state pair (one per write)."""
+    opts, _, writes, _ = _segments(spec, seq_len)
+    if opts.aux == "none":
+        return 0.0
+    return writes * 2.0 * opts.slots * opts.memory_dim**2 / seq_len
 
 
 def flops(spec: ArchSpec, seq_len: int) -> float:

@@ -1,0 +1,48 @@
+"""The one protocol between a search and the driver that runs its trials."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from archsearch.planner import PlannedTrial
+
+
+@dataclass(frozen=True)
+class Job:
+    """One run of a trial: to its full budget, or (multi-fidelity) to the
+    share ``stop_at`` of its tokens, ending rung ``rung``."""
+
+    trial: PlannedTrial
+    stop_at: float | None = None
+    rung: int | None = None
+
+
+class Searcher(Protocol):
+    """Hands out trials to start and hears how they ended.
+
+    The driver calls ``ask(n)`` whenever it has ``n`` free slots (it may get
+    fewer, or none while the search waits for results), then ``tell`` once per
+    trial it started. The search is over when ``exhausted`` is true and every
+    trial handed out has been told.
+    """
+
+    def ask(self, n: int) -> list[Job]:
+        """Up to ``n`` jobs to start now."""
+
+    def tell(self, job: Job, result: dict | None) -> None:
+        """``job`` finished with ``result`` (a ``TrialResult`` dict), or failed (None)."""
+
+    def prune(self, job: Job) -> None:
+        """``job``'s trial stops for good short of its full budget."""
+
+    def take(self, ids: set[str]) -> list[PlannedTrial]:
+        """Hand over the not yet started trials among ``ids`` (and never ask them)."""
+
+    @property
+    def expected(self) -> int:
+        """About how many trials are still to run (for progress)."""
+
+    @property
+    def exhausted(self) -> bool:
+        """True once ``ask`` will never return another trial."""

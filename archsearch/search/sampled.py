@@ -1,0 +1,303 @@
+"""A sampled search: Optuna's samplers, asked for one point at a time.
+
+Each proposal is one point of the space, drawn from the axes' own
+distributions (listed values as choices, ranges as int or float ranges, log
+where the axis says so; conditional axes are only drawn where they exist).
+The point is planned like any other (every budget target and seed), its
+trials run, and the sampler is told the mean of each objective over them.
+Samplers that support it are told nothing yet of trials still running, but
+TPE's constant liar keeps parallel proposals apart.
+
+The sampler's history lives in an Optuna journal file beside the store, so a
+killed driver loses nothing: ``resume`` re-runs the proposals that were still
+running and asks for new ones only after them, never repeating a finished one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from archsearch.errors import SpecError
+from archsearch.planner import PlannedTrial, plan_points
+from archsearch.search._base import Job
+from archsearch.search.objectives import objective_values, parse_objectives
+from archsearch.space.expand import (
+    axes_of,
+    axis_error,
+    check_axis_value,
+    compile_expressions,
+    expression_name,
+    is_int_axis,
+    resolve_point,
+)
+from archsearch.space.expr import ExprError
+from archsearch.space.schema import FAMILY_AXES, Axis, Study
+
+# consecutive proposals the constraints may reject before the search gives up
+MAX_REJECTIONS = 1000
+# the row of a trial a multi-fidelity search stopped short of its budget
+_PRUNED: dict = {"pruned": True}
+
+
+def search_journal(store: str | Path, study: str) -> Path:
+    """Where a study's sampler history lives: ``STORE.search/STUDY.journal``
+    beside the store (named after the whole file name, so two stores never share it)."""
+    store = Path(store).resolve()
+    return store.parent / f"{store.name}.search" / f"{study}.journal"
+
+
+@dataclass
+class _Proposal:
+    number: int  # Optuna's trial number
+    point: dict[str, Any]
+    trials: list[PlannedTrial]
+    waiting: set[str] = field(default_factory=set)
+    rows: dict[str, dict | None] = field(default_factory=dict)
+
+
+class SampledSearch:
+    """Ask-and-tell over an Optuna study kept in ``journal``.
+
+    ``known``: trial id -> store row of trials finished before (any study), so
+    a proposal that plans an already trained trial is scored without training.
+    """
+
+    def __init__(self, study: Study, *, journal: Path, known: dict[str, dict]):
+        optuna = _optuna()
+        if not isinstance(study.recipe.lr, (int, float)):
+            raise _study_error(study, ("recipe", "lr"), "a learning-rate sweep cannot be combined with a sampler",
+                               "give one lr, or use search.sampler: grid")
+        self.study = study
+        self.objectives = parse_objectives(study.search.objectives)
+        self.budget = study.search.trials
+        self.known = known
+        self.records: list[dict] = []  # finished proposals, for the store
+        self._axes = axes_of(study.space)
+        self._compiled = compile_expressions(study.space)
+        self._check_ranges()
+        journal.parent.mkdir(parents=True, exist_ok=True)
+        storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(journal)))
+        directions = [o.direction for o in self.objectives]
+        self._optuna = optuna.create_study(study_name=study.name, storage=storage, load_if_exists=True,
+                                           directions=directions, sampler=_sampler(study.search))
+        if [d.name.lower() for d in self._optuna.directions] != directions:
+            raise _study_error(study, ("search", "objectives"),
+                               f"this study's search began with other objectives (journal {journal})",
+                               "keep the objectives, or give the study a new name")
+        self._queue: list[PlannedTrial] = []
+        self._open: dict[int, _Proposal] = {}
+        self._awaiting: dict[str, list[int]] = {}  # trial id -> proposals waiting for it
+        self.counted = sum(1 for t in self._optuna.get_trials(deepcopy=False) if t.user_attrs.get("counted"))
+        self._resume_running()
+
+    # the Searcher protocol
+
+    def ask(self, n: int) -> list[Job]:
+        out: list[Job] = []
+        while len(out) < n:
+            if self._queue:
+                out.append(Job(self._queue.pop(0)))
+            elif not self._propose():
+                break
+        return out
+
+    def tell(self, job: Job, result: dict | None) -> None:
+        row = None if result is None else {**job.trial.to_dict(), **result}
+        self._record(job.trial.trial_id, row)
+
+    def prune(self, job: Job) -> None:
+        self._record(job.trial.trial_id, _PRUNED)
+
+    def take(self, ids: set[str]) -> list[PlannedTrial]:
+        """Remove queued trials ``ids`` and return them; their proposals still wait for them."""
+        taken = [t for t in self._queue if t.trial_id in ids]
+        self._queue = [t for t in self._queue if t.trial_id not in ids]
+        return taken
+
+    @property
+    def expected(self) -> int:
+        per_point = len(self.study.budget.target_list()) * len(self.study.seeds)
+        return max(1, (self.budget - self.counted) * per_point + len(self._queue))
+
+    @property
+    def exhausted(self) -> bool:
+        return not self._queue and self.counted >= self.budget
+
+    @property
+    def best(self) -> list:
+        """Optuna's best trials (one, or the Pareto set for several objectives)."""
+        return self._optuna.best_trials
+
+    # proposing
+
+    def _propose(self) -> bool:
+        """Ask the sampler for one new point and queue its trials; False when
+        the trial budget is spent."""
+        from optuna.trial import TrialState
+
+        if self.counted >= self.budget:
+            return False
+        for _ in range(MAX_REJECTIONS):
+            trial = self._optuna.ask()
+            point = resolve_point(self.study.space, self._suggest(trial), self._compiled)
+            if point is None:
+                trial.set_user_attr("rejected", "a constraint rejects this point")
+                self._optuna.tell(trial, state=TrialState.FAIL)
+                continue
+            trial.set_user_attr("counted", True)
+            trial.set_user_attr("point", json.loads(json.dumps(point, default=str)))
+            self.counted += 1
+            try:
+                planned = plan_points(self.study, [point])
+            except SpecError as err:  # e.g. no width reaches a budget target at this depth
+                trial.set_user_attr("infeasible", err.message)
+                self._optuna.tell(trial, state=TrialState.FAIL)
+                return True
+            trial.set_user_attr("trial_ids", [t.trial_id for t in planned])
+            self._open_proposal(trial.number, point, planned)
+            return True
+        raise _study_error(self.study, ("constraints",),
+                           f"the sampler proposed {MAX_REJECTIONS} points in a row that the constraints reject",
+                           "loosen the constraints or narrow the axes they cut")
+
+    def _suggest(self, trial: Any) -> dict[str, Any]:
+        """Draw one value per axis this point has, family first."""
+        raw = {"family": self._draw(trial, "family", self._axes["family"])}
+        relevant = FAMILY_AXES[raw["family"]]
+        env = {expression_name(name): None for name in self._axes}
+        env.update(family=raw["family"])
+        for name, axis in self._axes.items():
+            if name == "family" or name not in relevant:
+                continue
+            when = self._compiled["when"].get(name)
+            if when is not None and not _holds(when, env):
+                continue
+            raw[name] = self._draw(trial, name, axis)
+            env[expression_name(name)] = raw[name]
+        return raw
+
+    def _draw(self, trial: Any, name: str, axis: Axis) -> Any:
+        if axis.values is not None:
+            if len(axis.values) == 1:
+                return axis.values[0]
+            return trial.suggest_categorical(name, list(axis.values))
+        if is_int_axis(name):
+            return trial.suggest_int(name, math.ceil(axis.low), math.floor(axis.high), log=axis.log)
+        return trial.suggest_float(name, axis.low, axis.high, log=axis.log)
+
+    def _check_ranges(self) -> None:
+        space = self.study.space
+        for name, axis in self._axes.items():
+            if axis.values is None and is_int_axis(name):
+                if math.ceil(axis.low) > math.floor(axis.high):
+                    raise axis_error(space, name, f"no integer lies in [{axis.low}, {axis.high}]", "widen the range")
+                check_axis_value(space, name, math.ceil(axis.low))
+                check_axis_value(space, name, math.floor(axis.high))
+            elif axis.values is None:
+                check_axis_value(space, name, axis.low)
+                check_axis_value(space, name, axis.high)
+
+    # bookkeeping
+
+    def _open_proposal(self, number: int, point: dict, planned: list[PlannedTrial]) -> None:
+        proposal = _Proposal(number=number, point=point, trials=planned)
+        self._open[number] = proposal
+        for trial in planned:
+            proposal.waiting.add(trial.trial_id)
+            in_flight = trial.trial_id in self._awaiting
+            self._awaiting.setdefault(trial.trial_id, []).append(number)
+            known = self.known.get(trial.trial_id)
+            if known is not None and known.get("status") == "completed":
+                self._record(trial.trial_id, known)
+            elif not in_flight:
+                self._queue.append(trial)
+
+    def _record(self, trial_id: str, row: dict | None) -> None:
+        for number in self._awaiting.pop(trial_id, []):
+            proposal = self._open.get(number)
+            if proposal is None:
+                continue
+            proposal.rows[trial_id] = row
+            proposal.waiting.discard(trial_id)
+            if not proposal.waiting:
+                self._close(self._open.pop(number))
+
+    def _close(self, proposal: _Proposal) -> None:
+        """Tell the sampler a proposal's mean objectives over its trials."""
+        from optuna.trial import TrialState
+
+        record = dict(number=proposal.number, point=proposal.point, trial_ids=list(proposal.rows),
+                      objectives=[o.label for o in self.objectives])
+        if any(row is _PRUNED for row in proposal.rows.values()):
+            self._optuna.tell(proposal.number, state=TrialState.PRUNED, skip_if_finished=True)
+            self.records.append(dict(record, values=None, state="pruned"))
+            return
+        scored = [objective_values(self.objectives, row) if row is not None else None
+                  for row in proposal.rows.values()]
+        if any(values is None for values in scored):
+            self._optuna.tell(proposal.number, state=TrialState.FAIL, skip_if_finished=True)
+            self.records.append(dict(record, values=None, state="failed"))
+            return
+        means = [sum(column) / len(column) for column in zip(*scored)]
+        self._optuna.tell(proposal.number, means, skip_if_finished=True)
+        self.records.append(dict(record, values=means, state="completed"))
+
+    def _resume_running(self) -> None:
+        """Proposals a dead driver left running: re-plan them (their trial ids
+        come out the same) and queue what is not finished, before anything new."""
+        from optuna.trial import TrialState
+
+        for trial in self._optuna.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            point = trial.user_attrs.get("point")
+            if point is None or "trial_ids" not in trial.user_attrs:
+                self._optuna.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
+                continue
+            self._open_proposal(trial.number, point, plan_points(self.study, [point]))
+
+
+def _holds(expr: Any, env: dict) -> bool:
+    """A ``when`` condition on what is drawn so far; one that needs a later
+    axis counts as true here and is decided when the point is resolved."""
+    try:
+        return bool(expr.evaluate(env))
+    except (ExprError, TypeError):
+        return True
+
+
+def _sampler(search: Any) -> Any:
+    optuna = _optuna()
+    seed, budget = search.seed, search.trials
+    startup = max(2, min(10, budget // 4))
+    samplers = optuna.samplers
+    if search.sampler == "random":
+        return samplers.RandomSampler(seed=seed)
+    if search.sampler == "tpe":
+        return samplers.TPESampler(seed=seed, n_startup_trials=startup, multivariate=True, constant_liar=True)
+    if search.sampler == "nsga2":
+        return samplers.NSGAIISampler(seed=seed, population_size=max(4, min(50, budget // 4)))
+    if search.sampler == "cmaes":
+        return samplers.CmaEsSampler(seed=seed, n_startup_trials=startup, warn_independent_sampling=False)
+    return samplers.GPSampler(seed=seed, n_startup_trials=startup)
+
+
+def _optuna():
+    """optuna, imported on first use; a missing install fails loudly with the fix."""
+    try:
+        import optuna
+    except ImportError as err:  # pragma: no cover - optuna is a dependency
+        raise ImportError("a sampled search needs optuna: pip install optuna") from err
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    return optuna
+
+
+def _study_error(study: Study, loc: tuple, message: str, hint: str) -> SpecError:
+    origin = study._origin
+    if origin is None:
+        return SpecError(message, field=".".join(map(str, loc)), hint=hint)
+    return origin.error(message, loc=loc, hint=hint)
