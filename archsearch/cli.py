@@ -6,7 +6,6 @@ from __future__ import annotations
 import functools
 import json
 import shlex
-import sys
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Optional
@@ -139,7 +138,7 @@ def _run(study_path: Path, *, store: Path, address, max_parallel, report, progre
         store.parent.mkdir(parents=True, exist_ok=True)
     try:
         summary = run_study(study, store=store, address=address, max_parallel=max_parallel,
-                            show_progress=progress and sys.stderr.isatty())
+                            show_progress=progress)
     except KeyboardInterrupt:
         again = ["archsearch", "resume", str(study_path), "--store", str(store)]
         again += [part for text in overrides for part in ("--set", text)]

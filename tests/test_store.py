@@ -74,6 +74,131 @@ def test_a_store_from_another_schema_is_refused(tmp_path):
         A.open_store(path)
 
 
+def test_a_finished_trial_lands_whole_or_not_at_all(tmp_path, monkeypatch):
+    """Row and curve are one transaction: a failure while writing the curve
+    leaves the trial unfinished, with no curve (planted mutation: committing
+    the row before the curve leaves it `completed` without one)."""
+    from archsearch.store import duck
+
+    with A.open_store(tmp_path / "s.duckdb") as store:
+        store.add_study(name="s", path="s.yaml", config={})
+        store.add_trials("s", [trial_row("a")])
+
+        def broken(trial_id, row):
+            raise OSError("disk gone")
+
+        monkeypatch.setattr(duck, "_metric_row", broken)
+        with pytest.raises(OSError):
+            store.finish("a", RESULT)
+        monkeypatch.undo()
+        assert store.trials("s").to_pylist()[0]["status"] == "planned"
+        assert store.metrics("s").num_rows == 0
+
+
+def test_points_of_a_training_trial_are_readable_and_replaced_by_its_curve(tmp_path):
+    with A.open_store(tmp_path / "s.duckdb") as store:
+        store.add_study(name="s", path="s.yaml", config={})
+        store.add_trials("s", [trial_row("a")])
+        store.mark_running("a")
+        store.add_points([("a", RESULT["curve"][0])])
+        assert [r["step"] for r in store.metrics("s").to_pylist()] == [5]
+        store.add_points([("a", RESULT["curve"][0])])  # a retried attempt reports the step again
+        store.finish("a", RESULT)
+        assert [r["step"] for r in store.metrics("s").to_pylist()] == [5, 10]
+
+
+@pytest.mark.parametrize("loss", [float("nan"), float("inf")], ids=["nan", "inf"])
+def test_a_non_finite_final_loss_is_diverged_never_completed(tmp_path, loss):
+    import json
+
+    with A.open_store(tmp_path / "s.duckdb") as store:
+        store.add_study(name="s", path="s.yaml", config={})
+        store.add_trials("s", [dict(trial_row(n), sweep_group="g") for n in ("good", "bad")])
+        store.finish("good", dict(RESULT, val_loss=3.0))
+        curve = [dict(RESULT["curve"][0]), dict(RESULT["curve"][1], val_loss=loss)]
+        assert store.finish("bad", dict(RESULT, val_loss=loss, curve=curve)) == "diverged"
+        rows = {r["trial_id"]: r for r in store.trials("s").to_pylist()}
+        assert store.completed_ids() == {"good"}
+        assert rows["bad"]["status"] == "diverged" and f"val_loss is {loss}" in rows["bad"]["error"]
+        assert rows["good"]["sweep_best"] and not rows["bad"]["sweep_best"]
+        assert store.studies().to_pylist()[0]["diverged"] == 1
+        text = json.dumps({"trials": store.trials("s").to_pylist(), "metrics": store.metrics("s").to_pylist()},
+                          default=str, allow_nan=False)  # raises on NaN or inf
+    assert "diverged" in text
+
+
+def test_a_store_and_a_read_only_store_work_side_by_side_in_one_process(tmp_path):
+    """Issue 8 item 15: open_store(...) then a read-only open (as
+    inspect.load_trained does) used to raise duckdb's 'different configuration'."""
+    with A.open_store(tmp_path / "s.duckdb") as writer:
+        writer.add_study(name="s", path="s.yaml", config={})
+        with A.open_store(tmp_path / "s.duckdb", read_only=True) as reader:
+            writer.add_trials("s", [trial_row("a")])
+            assert reader.trials("s").num_rows == 1
+
+
+def test_a_reader_waits_out_another_process_writing(tmp_path):
+    """A write lock held briefly by another process delays a read instead of failing it."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "s.duckdb"
+    with A.open_store(path) as store:
+        store.add_study(name="s", path="s.yaml", config={})
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import duckdb, sys, time\n"
+        f"con = duckdb.connect({str(path)!r})\n"
+        "print('held', flush=True)\n"
+        "time.sleep(1.0)\n"
+        "con.close()\n")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with A.open_store(path, read_only=True) as reader:
+            assert reader.studies().num_rows == 1
+    finally:
+        holder.wait(timeout=30)
+
+
+def test_running_trials_of_a_dead_run_read_as_interrupted(tmp_path):
+    from archsearch.store import RunLock
+
+    path = tmp_path / "s.duckdb"
+    with A.open_store(path) as store:
+        store.add_study(name="s", path="s.yaml", config={})
+        store.add_trials("s", [trial_row("a")])
+        with RunLock(path, study="s"):
+            store.mark_running("a")
+            assert store.trials("s").to_pylist()[0]["status"] == "running"
+        # the run is gone (its lock with it): what it left running is interrupted
+        assert store.trials("s").to_pylist()[0]["status"] == "interrupted"
+        assert store.studies().to_pylist()[0]["interrupted"] == 1
+        with RunLock(path, study="s"):
+            assert store.mark_interrupted() == 1
+
+
+def test_a_second_run_on_a_store_refuses_in_one_line(tmp_path):
+    from archsearch.store import RunLock
+
+    path = tmp_path / "s.duckdb"
+    with RunLock(path, study="first"):
+        with pytest.raises(StoreError, match=r"being written by another run \(study 'first', pid \d+") as err:
+            with RunLock(path, study="second", wait_s=0.1):
+                pass
+    assert "\n" not in str(err.value)
+    with RunLock(path, study="second"):  # free again once the first is done
+        pass
+
+
+def test_two_stores_never_share_checkpoint_folders(tmp_path):
+    from archsearch.store import checkpoint_dir
+
+    assert checkpoint_dir(tmp_path / "cp.duckdb", "t") != checkpoint_dir(tmp_path / "cp.db", "t")
+    shared = tmp_path / "shared"
+    one = checkpoint_dir(tmp_path / "a" / "cp.duckdb", "t", storage=shared)
+    other = checkpoint_dir(tmp_path / "b" / "cp.duckdb", "t", storage=shared)
+    assert one != other and one.is_relative_to(shared) and one.name == "t"
+
+
 def test_each_changed_version_of_a_study_is_kept(tmp_path):
     with A.open_store(tmp_path / "s.duckdb") as store:
         assert store.add_study(name="s", path="s.yaml", config={"seeds": [0]}, text="seeds: [0]\n") == 1

@@ -1,22 +1,38 @@
 """Run a study's trials on Ray and write every result to the store.
 
-Embedded local Ray by default (``address="local"`` so a stale cluster is never
-joined by accident); a cluster with ``address``. Only the driver touches the
-store: workers return results, so DuckDB sees one writer.
+Embedded Ray by default, private to the run (see ``cluster``); ``address``
+joins an existing cluster instead. A ``Searcher`` says which trials to start
+and hears how each ended.
+
+Only the driver touches the store, and it holds the store's run lock for
+the whole run (a second run on the same store refuses). Workers stream each
+evaluation back as they train; the driver writes those points as they come
+so a reader sees curves grow, and a finished trial's row and curve in one
+transaction. A trial whose worker dies is retried from its last checkpoint,
+up to ``execution.retries`` times, each attempt counted in the store.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from archsearch.planner import plan
+from archsearch.execute.cluster import per_trial, start_ray, trials_at_once
+from archsearch.execute.progress import TrialProgress
+from archsearch.planner import PlannedTrial, plan
 from archsearch.search import Job, Searcher
 from archsearch.space.schema import Study
-from archsearch.store import Store, checkpoint_dir, open_store
+from archsearch.store import RunLock, Store, checkpoint_dir, divergence, open_store
+
+DEFAULT_HEARTBEAT_S = 30.0
+# Evaluation points of running trials reach the store at most this late.
+POINTS_EVERY_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -25,155 +41,278 @@ class RunSummary:
     planned: int
     skipped: int  # already completed in the store, not trained again
     completed: int
-    failed: int
+    failed: int  # failed or diverged
     wall_time_s: float
+    diverged: int = 0
 
 
 def run_study(study: Study, *, store: str | Path = "archsearch.duckdb", address: str | None = None,
-              max_parallel: int | None = None, show_progress: bool = True) -> RunSummary:
+              max_parallel: int | None = None, show_progress: bool = True,
+              heartbeat_s: float | None = None) -> RunSummary:
     """Plan ``study``, train every trial the store has not finished, record all.
 
-    ``address``: None for embedded local Ray, or a cluster address ("auto",
-    "ray://host:10001"). ``max_parallel`` overrides ``execution.max_parallel``.
+    ``address``: None for a private embedded Ray, or a cluster: "auto" (the
+    one ``ray start`` made on this machine), "HOST:PORT" or "ray://HOST:PORT".
+    ``max_parallel`` overrides ``execution.max_parallel``. Progress goes to
+    stderr: a bar on a terminal, else one line per finished trial and a
+    heartbeat every ``heartbeat_s`` (default 30 s, or $ARCHSEARCH_HEARTBEAT_S).
+    Raises StoreError when another run is writing ``store``.
     """
     from archsearch.search import make_searcher
 
     start = time.perf_counter()
     origin = study._origin
-    with open_store(store) as db:
+    if heartbeat_s is None:
+        heartbeat_s = float(os.environ.get("ARCHSEARCH_HEARTBEAT_S", DEFAULT_HEARTBEAT_S))
+    db = open_store(store)
+    with RunLock(store, study=study.name):
         db.add_study(name=study.name, path=origin.path if origin else "", config=_config(study),
                      text=_file_text(origin.path) if origin else None)
+        db.mark_interrupted()  # we hold the lock: whatever is still `running` lost its driver
         searcher = make_searcher(study, store=str(store), known=db.trial_rows(), rungs=db.rung_rows())
         grid = study.search.sampler == "grid" and study.search.probe is None
         if grid:  # the whole grid shows in `status` before anything runs
             trials = plan(study)
             db.add_trials(study.name, [t.to_dict() for t in trials])
             planned, skipped = len(trials), len(trials) - searcher.expected
-        completed = failed = 0
+        counts = {"completed": 0, "failed": 0, "diverged": 0}
         if not searcher.exhausted:
-            completed, failed = _run_on_ray(searcher, db, study, store=store, address=address,
-                                            max_parallel=max_parallel, show_progress=show_progress)
+            with TrialProgress(total=searcher.expected, enabled=show_progress, heartbeat_s=heartbeat_s) as progress:
+                counts = _run_on_ray(searcher, db, study, store=store, address=address,
+                                     max_parallel=max_parallel, progress=progress)
         _store_search_records(searcher, db, study.name)
         if not grid:
             planned = len(db.trials(study.name))
-            skipped = planned - completed - failed
-    return RunSummary(study=study.name, planned=planned, skipped=skipped,
-                      completed=completed, failed=failed, wall_time_s=time.perf_counter() - start)
+            skipped = planned - sum(counts.values())
+    return RunSummary(study=study.name, planned=planned, skipped=skipped, completed=counts["completed"],
+                      failed=counts["failed"] + counts["diverged"], diverged=counts["diverged"],
+                      wall_time_s=time.perf_counter() - start)
 
 
-def _trial_task(payload: dict) -> dict:
-    """Runs inside a Ray worker: one trial, returned as a plain dict."""
+def _trial_task(payload: dict):
+    """Runs inside a Ray worker: yields ("resumed", step) when it starts from
+    a checkpoint, ("eval", row) as the trial evaluates, then ("result",
+    TrialResult dict). Training runs on a thread so its evaluations can
+    leave while it goes on."""
+    import queue
+    import threading
+
     from archsearch.arch.spec import ArchSpec
-    from archsearch.train import train_trial
+    from archsearch.train import checkpoint, train_trial
 
-    result = train_trial(spec=ArchSpec.from_dict(payload["spec"]), recipe=payload["recipe"],
-                         data=payload["data"], seed=payload["seed"], threads=payload["threads"],
-                         checkpoint_dir=payload["checkpoint_dir"], stop_at=payload.get("stop_at"))
-    return result.to_dict()
+    rows: queue.Queue = queue.Queue()
+    outcome: dict = {}
+    location = payload["checkpoint_dir"]
+    # Object storage: train into a local folder, mirrored there after each write.
+    local = tempfile.mkdtemp(prefix="archsearch-trial-") if checkpoint.is_uri(location) else None
+    if local is not None:
+        checkpoint.pull(location, local)
 
+    def train() -> None:
+        try:
+            outcome["result"] = train_trial(
+                spec=ArchSpec.from_dict(payload["spec"]), recipe=payload["recipe"], data=payload["data"],
+                seed=payload["seed"], threads=payload["threads"], checkpoint_dir=local or location,
+                stop_at=payload["stop_at"], on_eval=rows.put,
+                on_checkpoint=(lambda folder: checkpoint.push(folder, location)) if local else None).to_dict()
+        except BaseException as err:  # re-raised below, in the task's own thread
+            outcome["error"] = err
+        finally:
+            rows.put(None)
+            if local is not None:
+                shutil.rmtree(local, ignore_errors=True)
+
+    found = checkpoint.latest(local or location)
+    if found is not None:
+        yield ("resumed", int(found.name.removeprefix(checkpoint.STEP_PREFIX)))
+    thread = threading.Thread(target=train, name="trial", daemon=True)
+    thread.start()
+    while (row := rows.get()) is not None:
+        yield ("eval", row)
+    thread.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    yield ("result", outcome["result"])
 
 
 def _run_on_ray(searcher: Searcher, db: Store, study: Study, *, store: str | Path, address: str | None,
-                max_parallel: int | None, show_progress: bool) -> tuple[int, int]:
+                max_parallel: int | None, progress: TrialProgress) -> dict[str, int]:
     import ray
 
     execution = study.execution
-    threads = execution.threads_per_trial
     owns_ray = not ray.is_initialized()
-    if owns_ray:
-        if address not in (None, "local", "auto"):
-            _check_reachable(address)
-        os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
-        ray.init(address=address or "local", include_dashboard=False, logging_level="ERROR",
-                 log_to_driver=False, configure_logging=True)
+    private_dir = start_ray(address) if owns_ray else None
     try:
-        cpus = int(ray.cluster_resources().get("CPU", 1))
-        width = max_parallel or (execution.max_parallel if execution.max_parallel != "auto" else 0)
-        width = max(1, width or cpus // threads)
-        task = ray.remote(num_cpus=min(threads, cpus), max_retries=execution.retries)(_trial_task)
-        return _drain(searcher, db, task, study=study.name, store=store, width=width, threads=threads,
-                      show_progress=show_progress)
+        needs = per_trial(execution)
+        width = trials_at_once(needs, ray.cluster_resources(), max_parallel=max_parallel or execution.max_parallel)
+        options = dict(num_cpus=needs["CPU"], num_gpus=needs["GPU"], max_retries=0, num_returns="streaming")
+        if needs["memory"]:
+            options["memory"] = needs["memory"]
+        task = ray.remote(**options)(_trial_task)
+        return _Drain(searcher, db, task, study=study.name, store=store, storage=_storage(study),
+                      threads=execution.threads_per_trial, retries=execution.retries, progress=progress).run(width)
     finally:
         if owns_ray:
             ray.shutdown()
+            if private_dir is not None:
+                shutil.rmtree(private_dir, ignore_errors=True)
 
 
-def _drain(searcher: Searcher, db: Store, task: Any, *, study: str, store: str | Path, width: int, threads: int,
-           show_progress: bool) -> tuple[int, int]:
-    import ray
+class _Drain:
+    """Keeps ``width`` trials running and records everything they report.
 
-    from archsearch.execute.progress import TrialProgress
+    What a pass through the loop gathers (results, failures, the trials it
+    starts, the search's records, and evaluation points at most
+    ``POINTS_EVERY_S`` old) is written in one transaction: on a busy machine
+    a DuckDB transaction costs tens of milliseconds, most of it opening and
+    closing the file, so a short trial costs one transaction, not four.
+    """
 
-    running: dict[Any, Job] = {}
-    completed = failed = 0
-    with TrialProgress(total=searcher.expected, enabled=show_progress) as progress:
+    def __init__(self, searcher: Searcher, db: Store, task: Any, *, study: str, store: str | Path,
+                 storage: str | None, threads: int, retries: int, progress: TrialProgress):
+        self.searcher, self.db, self.task, self.study = searcher, db, task, study
+        self.store, self.storage, self.threads, self.retries, self.progress = store, storage, threads, retries, progress
+        self.counts = {"completed": 0, "failed": 0, "diverged": 0}
+        self.running: dict[Any, tuple[Job, int, float]] = {}  # generator -> job, attempt, started
+        self.again: deque[tuple[Job, int]] = deque()  # retries of jobs whose worker died
+        self.points: list[tuple[str, dict]] = []  # evaluations not yet written
+        self.points_since = time.monotonic()
+
+    def run(self, width: int) -> dict[str, int]:
         while True:
-            asked = searcher.ask(width - len(running))
-            if not asked and not running:
+            ended = [event for generator in self._ready() for event in self._take(generator)]
+            for job, kind, value, _ in ended:  # told first, so a search can promote at once
+                self.searcher.tell(job, value if kind == "result" and not divergence(value) else None)
+            starting = []
+            while self.again and len(self.running) + len(starting) < width:
+                starting.append(self.again.popleft())
+            room = width - len(self.running) - len(starting)
+            if room > 0:
+                starting += [(job, 1) for job in self.searcher.ask(room)]
+            due = self.points and time.monotonic() - self.points_since >= POINTS_EVERY_S
+            if ended or starting or due:
+                self._write(ended, starting)
+            # Started only once the store says so: a kill in between leaves
+            # them `running` with no driver, which reads as interrupted.
+            for job, attempt in starting:
+                self._submit(job, attempt=attempt)
+            self.progress.update(completed=self.counts["completed"], running=len(self.running),
+                                 failed=self.counts["failed"] + self.counts["diverged"])
+            if not self.running and not self.again:
                 break
-            db.add_trials(study, [job.trial.to_dict() for job in asked])
-            for job in asked:
-                trial = job.trial
-                db.mark_running(trial.trial_id, new_attempt=not job.rung)  # a promotion is no new attempt
-                payload = dict(spec=trial.spec.to_dict(), recipe=trial.recipe, data=trial.data,
-                               seed=trial.seed, threads=threads, stop_at=job.stop_at,
-                               checkpoint_dir=str(checkpoint_dir(store, trial.trial_id)))
-                running[task.remote(payload)] = job
-            progress.update(completed=completed, running=len(running), failed=failed)
-            ready, _ = ray.wait(list(running), num_returns=1, timeout=0.5)
-            for ref in ready:
-                job = running.pop(ref)
+        with self.db.transaction() as con:
+            for trial, rung in getattr(self.searcher, "pruned", ()):
+                self.db.prune(trial.trial_id, rung=rung, rungs=self.searcher.rungs, con=con)
+        return self.counts
+
+    def _ready(self) -> list[Any]:
+        import ray
+
+        generators = list(self.running)
+        if not generators:
+            return []
+        ready, _ = ray.wait(generators, num_returns=len(generators), timeout=0)
+        if not ready:
+            ready, _ = ray.wait(generators, num_returns=1, timeout=0.5)
+        return ready
+
+    def _write(self, ended: list[tuple], starting: list[tuple[Job, int]]) -> None:
+        """Points, ended trials, the search's records, the trials about to start: one transaction."""
+        with self.db.transaction() as con:
+            self.db.add_points(self.points, con=con)
+            for job, kind, value, wall_s in ended:
                 trial_id = job.trial.trial_id
-                try:
-                    result = ray.get(ref)
-                except Exception as err:  # a trial's failure is recorded, never fatal to the study
-                    result = None
-                    db.fail(trial_id, _one_line(err))
-                    failed += 1
-                    progress.note(f"trial {trial_id} failed: {_one_line(err)}")
-                if result is not None and job.rung is not None:
-                    db.record_rung(trial_id, job.rung, job.stop_at or 1.0, result)
-                if result is not None and job.stop_at is not None:
-                    db.pause(trial_id, result)
-                elif result is not None:
-                    db.finish(trial_id, result)
-                    completed += 1
-                searcher.tell(job, result)
-            _store_search_records(searcher, db, study)
-        progress.update(completed=completed, running=0, failed=failed)
-    for trial, rung in getattr(searcher, "pruned", ()):
-        db.prune(trial.trial_id, rung=rung, rungs=searcher.rungs)
-    _store_search_records(searcher, db, study)
-    return completed, failed
+                if kind != "result":
+                    self.db.fail(trial_id, value, status=kind, con=con)
+                    self.counts[kind] += 1
+                    self.progress.note(f"trial {trial_id} {kind}: {value}")
+                    continue
+                if job.rung is not None:
+                    self.db.record_rung(trial_id, job.rung, job.stop_at or 1.0, value, con=con)
+                if job.stop_at is not None:
+                    status = self.db.pause(trial_id, value, con=con)
+                else:
+                    status = self.db.finish(trial_id, value, con=con)
+                if status != "paused":
+                    self.counts[status] += 1
+                self.progress.finished(trial_id=trial_id, label=_label(job.trial), status=status,
+                                       val_loss=value["val_loss"], wall_s=wall_s)
+            _store_search_records(self.searcher, self.db, self.study, con=con)
+            self.db.add_trials(self.study, [job.trial.to_dict() for job, attempt in starting if attempt == 1],
+                               con=con)
+            for job, attempt in starting:  # a promotion is no new attempt; a retry is
+                self.db.mark_running(job.trial.trial_id, new_attempt=attempt > 1 or not job.rung, con=con)
+        self.points, self.points_since = [], time.monotonic()
+
+    def _submit(self, job: Job, *, attempt: int) -> None:
+        trial = job.trial
+        payload = dict(spec=trial.spec.to_dict(), recipe=trial.recipe, data=trial.data, seed=trial.seed,
+                       threads=self.threads, stop_at=job.stop_at,
+                       checkpoint_dir=str(checkpoint_dir(self.store, trial.trial_id, storage=self.storage)))
+        self.running[self.task.remote(payload)] = (job, attempt, time.perf_counter())
+
+    def _take(self, generator: Any) -> list[tuple]:
+        """Every item a ready trial has sent: its points are kept; its end,
+        ``(job, "result" | "failed" | "diverged", result or error, wall_s)``,
+        is returned. A dead worker's job is queued again instead."""
+        import ray
+
+        job, attempt, started = self.running[generator]
+        trial_id = job.trial.trial_id
+        while True:
+            try:
+                kind, value = ray.get(next(generator))
+            except StopIteration:  # ended without a result (it always sends one)
+                kind, value = "failed", "the trial's worker ended without a result"
+            except (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError,
+                    ray.exceptions.ObjectLostError, ray.exceptions.OwnerDiedError) as err:
+                kind, value = "failed", f"worker died {attempt} times ({type(err).__name__})"
+                if attempt <= self.retries:  # again, from its newest checkpoint
+                    del self.running[generator]
+                    self.progress.note(f"trial {trial_id}: worker died ({type(err).__name__}); "
+                                       f"retry {attempt} of {self.retries}")
+                    self.again.append((job, attempt + 1))
+                    return []
+            except Exception as err:  # a trial's failure is recorded, never fatal to the study
+                cause = getattr(err, "cause", None) or err
+                kind = "diverged" if isinstance(cause, FloatingPointError) else "failed"
+                value = _one_line(err)
+            if kind == "resumed":
+                self.progress.note(f"trial {trial_id}: attempt {attempt} resumes from step {value}")
+            elif kind == "eval":
+                self.points.append((trial_id, value))
+            if kind in ("resumed", "eval"):
+                if ray.wait([generator], timeout=0)[0]:
+                    continue
+                return []
+            del self.running[generator]
+            return [(job, kind, value, time.perf_counter() - started)]
 
 
-def _store_search_records(searcher: Searcher, db: Store, study: str) -> None:
+def _store_search_records(searcher: Searcher, db: Store, study: str, *, con: Any = None) -> None:
     """What a search learnt beside its trials: a sampler's finished proposals
     (as they end), a fidelity ladder's rank correlation (once it is known)."""
     records = getattr(searcher, "records", None)
     if records:
-        db.record_proposals(study, records)
+        db.record_proposals(study, records, con=con)
         records.clear()
     ladder = getattr(searcher, "ladder", None)
     if ladder is not None:
-        db.record_ladder(study, ladder)
+        db.record_ladder(study, ladder, con=con)
 
 
-def _check_reachable(address: str, timeout: float = 5.0) -> None:
-    """Fail in one line when nothing listens at a cluster address: Ray itself
-    retries for minutes before giving up."""
-    import socket
+def _label(trial: PlannedTrial) -> str:
+    """The trial's arm in a few words: its family and the axes it was planned at."""
+    axes = " ".join(f"{k}={v}" for k, v in trial.axes.items() if k != "family")
+    return f"{trial.spec.family} {axes}".strip()
 
-    from archsearch.errors import ArchsearchError
 
-    host, _, port = address.removeprefix("ray://").rpartition(":")
-    if not host or not port.isdigit():
-        raise ArchsearchError(f"Ray address '{address}' is not host:port or ray://host:port")
-    try:
-        socket.create_connection((host, int(port)), timeout=timeout).close()
-    except OSError as err:
-        raise ArchsearchError(f"cannot reach a Ray cluster at {address} ({err}); start one with "
-                              "`ray start --head` there, or leave out --address to run locally") from None
+def _storage(study: Study) -> str | None:
+    """``execution.storage`` as an absolute path, or the URI as written."""
+    storage = study.execution.storage
+    if not storage or "://" in storage:
+        return storage
+    return str(Path(storage).expanduser().resolve())
 
 
 def _one_line(err: BaseException) -> str:
@@ -191,5 +330,8 @@ def _file_text(path: str) -> str | None:
 
 
 def _config(study: Study) -> dict:
-    """The resolved study as saved beside its results (the space inlined)."""
-    return {**study.model_dump(mode="json", exclude={"space"}), "space": study.space.model_dump(mode="json")}
+    """The resolved study as saved beside its results (the space inlined,
+    the checkpoint storage as an absolute path)."""
+    config = {**study.model_dump(mode="json", exclude={"space"}), "space": study.space.model_dump(mode="json")}
+    config["execution"]["storage"] = _storage(study)
+    return config

@@ -263,11 +263,35 @@ class Budget(Strict):
         return [ladder.start * ratio**i for i in range(ladder.count)]
 
 
+_MEMORY = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*([KMGT]i?B)?\s*$", re.IGNORECASE)
+_MEMORY_UNITS = {"": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "kib": 2**10, "mib": 2**20, "gib": 2**30,
+                 "tib": 2**40}
+
+
+def _memory_bytes(value: Any) -> Any:
+    """``"4GiB"``, ``"512MB"`` or a number of bytes, as bytes."""
+    if isinstance(value, str):
+        found = _MEMORY.match(value)
+        if not found:
+            raise ValueError(f"memory '{value}' is not a size such as 4GiB, 512MB or a number of bytes")
+        return int(float(found[1]) * _MEMORY_UNITS[(found[2] or "").lower()])
+    return value
+
+
 class Execution(Strict):
     max_parallel: Annotated[int, Field(ge=1, le=10_000)] | Literal["auto"] = Field(
-        default="auto", description="trials at once; auto = CPUs")
+        default="auto", description="trials at once; auto = as many as the cluster's CPUs (and GPUs) fit")
     threads_per_trial: int = Field(default=1, ge=1, le=1024, description="torch threads inside each trial")
     retries: int = Field(default=1, ge=0, le=10, description="re-runs of a trial whose worker died")
+    cpus: float | None = Field(default=None, gt=0, le=1024,
+                               description="CPUs Ray reserves for each trial; default threads_per_trial")
+    gpus: float = Field(default=0, ge=0, le=64, description="GPUs per trial; a fraction packs small trials")
+    memory: Annotated[int | None, BeforeValidator(_memory_bytes), Field(ge=1)] = Field(
+        default=None, description="memory Ray reserves per trial: 4GiB, 512MB or bytes")
+    storage: str | None = Field(
+        default=None, description="where checkpoints go, reachable from every node: a shared folder, or a "
+                                  "URI pyarrow opens (s3://bucket/path, gs://..., file:///...); "
+                                  "default: beside the store")
 
 
 SAMPLERS = ("grid", "random", "tpe", "nsga2", "cmaes", "gp")

@@ -1,5 +1,6 @@
 """The results store (DuckDB, Parquet export). Torch-free."""
 
-from archsearch.store.duck import Store, checkpoint_dir, code_version, open_store
+from archsearch.store.duck import Store, checkpoint_dir, code_version, divergence, open_store
+from archsearch.store.runlock import RunLock, run_alive
 
-__all__ = ["Store", "checkpoint_dir", "code_version", "open_store"]
+__all__ = ["RunLock", "Store", "checkpoint_dir", "code_version", "divergence", "open_store", "run_alive"]

@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from functools import lru_cache
 from pathlib import Path
@@ -20,6 +24,7 @@ import duckdb
 import pyarrow as pa
 
 from archsearch.errors import StoreError
+from archsearch.store.runlock import run_alive
 
 # Bump when a table changes shape; an older store is refused with a clear line.
 SCHEMA_VERSION = 2
@@ -85,34 +90,85 @@ def _now() -> datetime:
 
 
 class Store:
-    """A DuckDB file of results. Open with ``open_store(path)``."""
+    """A DuckDB file of results. Open with ``open_store(path)``.
 
-    def __init__(self, path: str | Path, *, read_only: bool = False):
+    DuckDB lets one process write a file and no other process read it while
+    it does, so the store never keeps a connection: every read and every
+    write transaction opens the file, does its work and closes it again
+    (about 15 ms here). A reader then sees a running study at most one write
+    behind, and a lock held by a short write on the other side is waited out
+    (up to ``lock_wait_s``) instead of failing. Two stores in one process
+    (read-only and read-write) never clash for the same reason.
+    """
+
+    def __init__(self, path: str | Path, *, read_only: bool = False, lock_wait_s: float | None = None):
         self.path = str(path)
-        try:
-            self.db = duckdb.connect(self.path, read_only=read_only)
-        except duckdb.IOException as err:
-            raise StoreError(f"cannot open store {self.path}: {str(err).splitlines()[0]}") from None
-        tables = {row[0] for row in self.db.execute("SELECT table_name FROM information_schema.tables").fetchall()}
-        if not read_only and not tables:  # a new store
-            self.db.execute(SCHEMA)
-            self.db.execute("INSERT INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
-        self._check_version()
+        self.read_only = read_only
+        # A writer waits longer: a reader's export may hold the file for seconds.
+        self.lock_wait_s = lock_wait_s if lock_wait_s is not None else (20.0 if read_only else 120.0)
+        with self._connect() as con:
+            tables = {row[0] for row in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+            if not read_only and not tables:  # a new store
+                con.execute(SCHEMA)
+                con.execute("INSERT INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
+            self._check_version(con)
 
-    def _check_version(self) -> None:
+    @contextmanager
+    def _connect(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A connection for one piece of work, closed after it."""
+        deadline = time.monotonic() + self.lock_wait_s
+        delay = 0.005
+        while True:
+            try:
+                con = duckdb.connect(self.path, read_only=self.read_only)
+                break
+            except duckdb.IOException as err:
+                if "lock" not in str(err) or time.monotonic() > deadline:
+                    raise StoreError(f"cannot open store {self.path}: {str(err).splitlines()[0]}") from None
+                time.sleep(delay)
+                delay = min(2 * delay, 0.1)
         try:
-            rows = self.db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchall()
+            yield con
+        finally:
+            con.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A write transaction: everything inside lands together or not at all.
+
+        Pass it as ``con=`` to the writing methods to group several writes.
+        """
+        with self._connect() as con:
+            con.execute("BEGIN TRANSACTION")
+            try:
+                yield con
+            except BaseException:
+                con.execute("ROLLBACK")
+                raise
+            con.execute("COMMIT")
+
+    @contextmanager
+    def _within(self, con: duckdb.DuckDBPyConnection | None) -> Iterator[duckdb.DuckDBPyConnection]:
+        """The caller's transaction, or a new one of its own."""
+        if con is not None:
+            yield con
+            return
+        with self.transaction() as own:
+            yield own
+
+    def _check_version(self, con: duckdb.DuckDBPyConnection) -> None:
+        try:
+            rows = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchall()
         except duckdb.CatalogException:
             rows = []
         row = rows[0] if rows else None
         if row is None or row[0] != str(SCHEMA_VERSION):
-            self.db.close()
             raise StoreError(f"{self.path} was written by another version of archsearch (schema "
                              f"{row[0] if row else 'unknown'}, this one reads {SCHEMA_VERSION}); "
                              "use a new --store path")
 
     def close(self) -> None:
-        self.db.close()
+        """Nothing to release (no connection outlives a call); kept for ``with``."""
 
     def __enter__(self) -> Store:
         return self
@@ -129,18 +185,19 @@ class Store:
         now = _now()
         blob = json.dumps(config, sort_keys=True)
         digest = hashlib.sha256(blob.encode()).hexdigest()[:16]
-        self.db.execute(
-            "INSERT INTO studies VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET "
-            "path = excluded.path, config = excluded.config, code_version = excluded.code_version, "
-            "updated_at = excluded.updated_at",
-            [name, path, blob, code_version(), now, now])
-        rows = self.db.execute("SELECT version, config_hash FROM study_versions WHERE study = ? "
+        with self.transaction() as con:
+            con.execute(
+                "INSERT INTO studies VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET "
+                "path = excluded.path, config = excluded.config, code_version = excluded.code_version, "
+                "updated_at = excluded.updated_at",
+                [name, path, blob, code_version(), now, now])
+            rows = con.execute("SELECT version, config_hash FROM study_versions WHERE study = ? "
                                "ORDER BY version DESC LIMIT 1", [name]).fetchall()
-        last = rows[0] if rows else None
-        if last is not None and last[1] == digest:
-            return last[0]
-        version = 1 if last is None else last[0] + 1
-        self.db.execute("INSERT INTO study_versions VALUES (?, ?, ?, ?, ?, ?, ?)",
+            last = rows[0] if rows else None
+            if last is not None and last[1] == digest:
+                return last[0]
+            version = 1 if last is None else last[0] + 1
+            con.execute("INSERT INTO study_versions VALUES (?, ?, ?, ?, ?, ?, ?)",
                         [name, version, digest, blob, text, code_version(), now])
         return version
 
@@ -148,89 +205,130 @@ class Store:
         """Every version of a study's resolved config and file text, oldest first."""
         return self.sql("SELECT * FROM study_versions WHERE study = ? ORDER BY version", [study])
 
-    def add_trials(self, study: str, trials: list[dict]) -> None:
+    def add_trials(self, study: str, trials: list[dict], *, con: duckdb.DuckDBPyConnection | None = None) -> None:
         """Register planned trials (``PlannedTrial.to_dict()`` rows); keeps finished ones as they are."""
         now = _now()
         rows = [[t["trial_id"], t["spec"]["family"], json.dumps(t["axes"]), t["seed"], t["match"], t["target"],
                  t["params"], t["total_params"], t["flops_per_token"], t["match_error"], t.get("achieved"),
                  t.get("state"), t["d_model"], t["num_layers"], t.get("sweep_group"), json.dumps(t["spec"]),
                  json.dumps(t["recipe"]), json.dumps(t["data"]), "planned", code_version(), now] for t in trials]
-        if rows:
-            self.db.executemany(
+        if not rows:
+            return
+        with self._within(con) as con:
+            con.executemany(
                 "INSERT INTO trials (trial_id, family, axes, seed, match, target, params, total_params, "
                 "flops_per_token, match_error, achieved, state, d_model, num_layers, sweep_group, spec, recipe, "
                 "data, status, code_version, created_at) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT (trial_id) DO NOTHING", rows)
-            self.db.executemany("INSERT INTO study_trials VALUES (?, ?) ON CONFLICT DO NOTHING",
-                                [[study, t["trial_id"]] for t in trials])
+            con.executemany("INSERT INTO study_trials VALUES (?, ?) ON CONFLICT DO NOTHING",
+                            [[study, t["trial_id"]] for t in trials])
 
-    def mark_running(self, trial_id: str, *, new_attempt: bool = True) -> None:
-        self.db.execute("UPDATE trials SET status = 'running', attempts = attempts + ? WHERE trial_id = ?",
+    def mark_interrupted(self) -> int:
+        """Trials a dead run left ``running`` become ``interrupted``; call only
+        while holding the store's run lock. Returns how many."""
+        with self.transaction() as con:
+            (count,) = con.execute("SELECT count(*) FROM trials WHERE status = 'running'").fetchone()
+            con.execute("UPDATE trials SET status = 'interrupted' WHERE status = 'running'")
+        return count
+
+    def mark_running(self, trial_id: str, *, new_attempt: bool = True,
+                     con: duckdb.DuckDBPyConnection | None = None) -> None:
+        """The trial trains now: a new attempt (``attempts`` counts them), or a promotion."""
+        with self._within(con) as con:
+            con.execute("UPDATE trials SET status = 'running', attempts = attempts + ? WHERE trial_id = ?",
                         [int(new_attempt), trial_id])
 
-    def record_rung(self, trial_id: str, rung: int, fraction: float, result: dict) -> None:
+    def record_rung(self, trial_id: str, rung: int, fraction: float, result: dict, *,
+                    con: duckdb.DuckDBPyConnection | None = None) -> None:
         """A multi-fidelity trial reached ``rung`` (``fraction`` of its tokens)."""
-        self.db.execute("INSERT OR REPLACE INTO trial_rungs VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                        [trial_id, rung, fraction, result["steps"], result["tokens"], result["val_loss"],
-                         result["val_accuracy"], _now()])
+        with self._within(con) as con:
+            con.execute("INSERT OR REPLACE INTO trial_rungs VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                        [trial_id, rung, fraction, result["steps"], result["tokens"], _finite(result["val_loss"]),
+                         _finite(result["val_accuracy"]), _now()])
 
-    def pause(self, trial_id: str, result: dict) -> None:
+    def pause(self, trial_id: str, result: dict, *, con: duckdb.DuckDBPyConnection | None = None) -> str:
         """A trial stopped at a rung, waiting for promotion: its results and
-        curve so far are kept; it is not completed."""
-        self.finish(trial_id, result)
-        self.db.execute("UPDATE trials SET status = 'paused', sweep_best = NULL WHERE trial_id = ?", [trial_id])
+        curve so far are kept; it is not completed (``diverged`` if its loss
+        already is). Returns the status written."""
+        with self._within(con) as con:
+            if self.finish(trial_id, result, con=con) == "diverged":
+                return "diverged"
+            con.execute("UPDATE trials SET status = 'paused', sweep_best = NULL WHERE trial_id = ?", [trial_id])
+        return "paused"
 
-    def prune(self, trial_id: str, *, rung: int, rungs: int) -> None:
+    def prune(self, trial_id: str, *, rung: int, rungs: int, con: duckdb.DuckDBPyConnection | None = None) -> None:
         """A paused trial the search will not promote: ``pruned`` at its rung."""
-        self.db.execute("UPDATE trials SET status = 'pruned', error = ? WHERE trial_id = ?",
+        with self._within(con) as con:
+            con.execute("UPDATE trials SET status = 'pruned', error = ? WHERE trial_id = ?",
                         [f"pruned at rung {rung + 1} of {rungs}", trial_id])
 
-    def finish(self, trial_id: str, result: dict) -> None:
-        """Record a completed trial and its evaluation curve."""
-        self.db.execute(
-            "UPDATE trials SET status = 'completed', error = NULL, train_loss = ?, val_loss = ?, val_accuracy = ?, "
-            "steps = ?, tokens = ?, wall_time_s = ?, tokens_per_s = ?, code_version = ?, finished_at = ? "
-            "WHERE trial_id = ?",
-            [result["train_loss"], result["val_loss"], result["val_accuracy"], result["steps"], result["tokens"],
-             result["wall_time_s"],
-             result["tokens_per_s"], code_version(), _now(), trial_id])
-        self._mark_sweep_best(trial_id)
-        self.db.execute("DELETE FROM metrics WHERE trial_id = ?", [trial_id])
-        if result["curve"]:
-            # loop_fraction and loop_time_ratio: looped models with early exits only (NULL otherwise)
-            self.db.executemany("INSERT INTO metrics VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                                [[trial_id, r["step"], r["tokens"], r["train_loss"], r["val_loss"],
-                                  r["val_accuracy"], r["lr"], r.get("loop_fraction"), r.get("loop_time_ratio")]
-                                 for r in result["curve"]])
+    def add_points(self, points: list[tuple[str, dict]], *, con: duckdb.DuckDBPyConnection | None = None) -> None:
+        """Evaluation rows ``(trial_id, row)`` of trials still training, so a
+        reader sees their curves grow; ``finish`` later writes the whole curve."""
+        if points:
+            with self._within(con) as con:
+                con.executemany(
+                    "INSERT OR REPLACE INTO metrics VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    [_metric_row(trial_id, row) for trial_id, row in points])
 
-    def _mark_sweep_best(self, trial_id: str) -> None:
+    def finish(self, trial_id: str, result: dict, *, con: duckdb.DuckDBPyConnection | None = None) -> str:
+        """Record a trained trial and its evaluation curve in one transaction.
+
+        A final loss that is NaN or infinite makes the trial ``diverged`` (with
+        the reason in ``error``), never ``completed``. Returns the status written.
+        """
+        diverged = divergence(result)
+        with self._within(con) as con:
+            con.execute(
+                "UPDATE trials SET status = ?, error = ?, train_loss = ?, val_loss = ?, val_accuracy = ?, "
+                "steps = ?, tokens = ?, wall_time_s = ?, tokens_per_s = ?, code_version = ?, finished_at = ? "
+                "WHERE trial_id = ?",
+                ["diverged" if diverged else "completed", diverged, _finite(result["train_loss"]),
+                 _finite(result["val_loss"]), _finite(result["val_accuracy"]), result["steps"], result["tokens"],
+                 result["wall_time_s"], result["tokens_per_s"], code_version(), _now(), trial_id])
+            self._mark_sweep_best(con, trial_id)
+            con.execute("DELETE FROM metrics WHERE trial_id = ?", [trial_id])
+            if result["curve"]:
+                con.executemany("INSERT INTO metrics VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                                [_metric_row(trial_id, row) for row in result["curve"]])
+        return "diverged" if diverged else "completed"
+
+    @staticmethod
+    def _mark_sweep_best(con: duckdb.DuckDBPyConnection, trial_id: str) -> None:
         """Within a learning-rate sweep, mark the completed run with the lowest
         validation loss as the one that counts; the others stay stored."""
-        self.db.execute(
+        con.execute(
             "UPDATE trials SET sweep_best = (trial_id = (SELECT arg_min(trial_id, val_loss) FROM trials "
             "WHERE sweep_group = g.sweep_group AND status = 'completed')) "
             "FROM (SELECT sweep_group FROM trials WHERE trial_id = ?) g "
             "WHERE trials.sweep_group = g.sweep_group AND trials.sweep_group IS NOT NULL", [trial_id])
 
-    def fail(self, trial_id: str, error: str) -> None:
-        self.db.execute("UPDATE trials SET status = 'failed', error = ?, finished_at = ? WHERE trial_id = ?",
-                        [error, _now(), trial_id])
+    def fail(self, trial_id: str, error: str, *, status: str = "failed",
+             con: duckdb.DuckDBPyConnection | None = None) -> None:
+        """Record a trial that ended without a result (``failed``, or ``diverged``
+        when training itself blew up)."""
+        with self._within(con) as con:
+            con.execute("UPDATE trials SET status = ?, error = ?, finished_at = ? WHERE trial_id = ?",
+                        [status, error, _now(), trial_id])
 
-    def record_proposals(self, study: str, records: list[dict]) -> None:
+    def record_proposals(self, study: str, records: list[dict], *,
+                         con: duckdb.DuckDBPyConnection | None = None) -> None:
         """A sampled search's finished proposals: the point, its trials and the
         objective values the sampler was told (None for a failed proposal)."""
         if not records:
             return
         now = _now()
-        self.db.executemany(
-            "INSERT OR REPLACE INTO search_proposals VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            [[study, r["number"], json.dumps(r["point"], default=str), json.dumps(r["trial_ids"]),
-              json.dumps(r["objectives"]), json.dumps(r["values"]), r["state"], now] for r in records])
+        with self._within(con) as con:
+            con.executemany(
+                "INSERT OR REPLACE INTO search_proposals VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [[study, r["number"], json.dumps(r["point"], default=str), json.dumps(r["trial_ids"]),
+                  json.dumps(r["objectives"]), json.dumps(r["values"]), r["state"], now] for r in records])
 
-    def record_ladder(self, study: str, ladder: dict) -> None:
+    def record_ladder(self, study: str, ladder: dict, *, con: duckdb.DuckDBPyConnection | None = None) -> None:
         """The rank correlation between a study's probe and its own data."""
-        self.db.execute("INSERT OR REPLACE INTO fidelity_ladders VALUES (?, ?, ?, ?, ?, ?)",
+        with self._within(con) as con:
+            con.execute("INSERT OR REPLACE INTO fidelity_ladders VALUES (?, ?, ?, ?, ?, ?)",
                         [study, ladder["points"], ladder["spearman"], ladder["low"], ladder["high"], _now()])
 
     # reading
@@ -260,26 +358,39 @@ class Store:
         return self.sql("SELECT * FROM search_proposals WHERE study = ? ORDER BY number", [study])
 
     def completed_ids(self) -> set[str]:
-        return {row[0] for row in self.db.execute(
-            "SELECT trial_id FROM trials WHERE status = 'completed'").fetchall()}
+        return {row["trial_id"] for row in self.sql(
+            "SELECT trial_id FROM trials WHERE status = 'completed'").to_pylist()}
+
+    def _status(self, alias: str = "") -> str:
+        """The status column as a reader should see it: a trial left
+        ``running`` by a driver that is gone is ``interrupted``."""
+        if run_alive(self.path):
+            return f"{alias}status"
+        return f"CASE WHEN {alias}status = 'running' THEN 'interrupted' ELSE {alias}status END"
 
     def studies(self) -> pa.Table:
+        status = self._status("t.")
         return self.sql("SELECT s.name, s.path, s.updated_at, count(t.trial_id) AS trials, "
-                        "count(*) FILTER (WHERE t.status = 'completed') AS completed, "
-                        "count(*) FILTER (WHERE t.status = 'failed') AS failed "
+                        f"count(*) FILTER (WHERE {status} = 'completed') AS completed, "
+                        f"count(*) FILTER (WHERE {status} = 'failed') AS failed, "
+                        f"count(*) FILTER (WHERE {status} = 'diverged') AS diverged, "
+                        f"count(*) FILTER (WHERE {status} = 'running') AS running, "
+                        f"count(*) FILTER (WHERE {status} = 'interrupted') AS interrupted "
                         "FROM studies s LEFT JOIN study_trials st ON st.study = s.name "
                         "LEFT JOIN trials t ON t.trial_id = st.trial_id GROUP BY ALL ORDER BY s.name")
 
     def trials(self, study: str | None = None) -> pa.Table:
         """Trials as an Arrow table, for one study or all."""
         if study is None:
-            return self.sql("SELECT * FROM trials ORDER BY created_at, trial_id")
-        return self.sql("SELECT t.* FROM trials t JOIN study_trials st USING (trial_id) "
-                        "WHERE st.study = ? ORDER BY t.created_at, t.trial_id", [study])
+            return self.sql(f"SELECT * REPLACE ({self._status()} AS status) FROM trials "
+                            "ORDER BY created_at, trial_id")
+        return self.sql(f"SELECT t.* REPLACE ({self._status('t.')} AS status) FROM trials t "
+                        "JOIN study_trials st USING (trial_id) WHERE st.study = ? ORDER BY t.created_at, t.trial_id",
+                        [study])
 
     def metrics(self, study: str | None = None) -> pa.Table:
-        """Per-evaluation rows (trial_id, step, tokens, losses, lr; loop_fraction and loop_time_ratio for
-        looped models with early exits)."""
+        """Per-evaluation rows (trial_id, step, tokens, losses, lr), those of
+        trials still training included."""
         if study is None:
             return self.sql("SELECT * FROM metrics ORDER BY trial_id, step")
         return self.sql("SELECT m.* FROM metrics m JOIN study_trials st USING (trial_id) "
@@ -287,32 +398,69 @@ class Store:
 
     def sql(self, query: str, params: list | None = None) -> pa.Table:
         """Run any SQL over the store; the result as an Arrow table."""
-        return self.db.sql(query, params=params or None).to_arrow_table()
+        with self._connect() as con:
+            return con.sql(query, params=params or None).to_arrow_table()
 
     def export_parquet(self, folder: str | Path) -> list[Path]:
-        """Write every table as ``folder/<table>.parquet``."""
+        """Write every table as ``folder/<table>.parquet`` (one consistent snapshot)."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         out = []
-        for table in TABLES:
-            path = folder / f"{table}.parquet"
-            quoted = path.as_posix().replace("'", "''")
-            self.db.execute(f"COPY {table} TO '{quoted}' (FORMAT parquet)")
-            out.append(path)
+        with self._connect() as con:
+            for table in TABLES:
+                path = folder / f"{table}.parquet"
+                quoted = path.as_posix().replace("'", "''")
+                con.execute(f"COPY {table} TO '{quoted}' (FORMAT parquet)")
+                out.append(path)
         return out
 
 
-def checkpoint_dir(store: str | Path, trial_id: str) -> Path:
-    """Where a trial keeps its checkpoints and final model: beside the store,
-    so a rerun of the study finds them (on a cluster, put the store on shared
-    storage)."""
+def _finite(value: float | None) -> float | None:
+    """NaN and infinities are stored as NULL: JSON has no spelling for them."""
+    return value if value is None or math.isfinite(value) else None
+
+
+def divergence(result: dict) -> str | None:
+    """Why a trained trial counts as diverged, or None."""
+    for name in ("val_loss", "train_loss"):
+        if not math.isfinite(result[name]):
+            return (f"{name} is {result[name]} after {result['steps']} steps (training diverged; "
+                    "lower recipe.lr or weight_decay)")
+    return None
+
+
+def _metric_row(trial_id: str, row: dict) -> list:
+    # loop_fraction and loop_time_ratio: looped models with early exits only (NULL otherwise)
+    return [trial_id, row["step"], row["tokens"], _finite(row["train_loss"]), _finite(row["val_loss"]),
+            _finite(row["val_accuracy"]), row["lr"], row.get("loop_fraction"), row.get("loop_time_ratio")]
+
+
+def checkpoint_dir(store: str | Path, trial_id: str, *, storage: str | Path | None = None) -> Path | str:
+    """Where a trial keeps its checkpoints and final model.
+
+    By default beside the store, in a folder named after the store's whole
+    file name (``cp.duckdb`` and ``cp.db`` never share one). With
+    ``storage`` (the study's ``execution.storage``: a folder every node of a
+    cluster reaches, or a URI such as ``s3://bucket/runs``, returned as a
+    string), under it, in a folder named after the store's name and absolute
+    path, so a trial retried on another node finds its checkpoint.
+    """
     store = Path(store).resolve()
-    return store.parent / f"{store.stem}.checkpoints" / trial_id
+    if storage is None:
+        return store.parent / f"{store.name}.checkpoints" / trial_id
+    folder = f"{store.name}-{hashlib.sha256(str(store).encode()).hexdigest()[:10]}.checkpoints"
+    if "://" in str(storage):
+        return f"{str(storage).rstrip('/')}/{folder}/{trial_id}"
+    return Path(storage).expanduser().resolve() / folder / trial_id
 
 
 def open_store(path: str | Path = "archsearch.duckdb", *, read_only: bool = False,
                must_exist: bool = False) -> Store:
-    """Open (or create) the store at ``path``."""
+    """Open (or create) the store at ``path``.
+
+    Safe while a study writes it from another process: reads see that
+    study's finished trials and the curves of those still training.
+    """
     if (read_only or must_exist) and not Path(path).exists():
         raise StoreError(f"no store at {path}; run a study first (archsearch run STUDY) or pass --store PATH")
     return Store(path, read_only=read_only)

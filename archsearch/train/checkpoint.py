@@ -6,6 +6,10 @@ A trial's folder holds, while it trains, ``step-<N>/`` (``model.safetensors``,
 ``model.safetensors`` and ``spec.json`` at the top. Every write is atomic
 (a temporary name, then a rename), so a trial killed mid-write leaves the
 previous checkpoint whole.
+
+On a cluster the folder can live on object storage: ``pull`` fetches a
+trial's folder from a URI any pyarrow file system opens (s3://, gs://,
+file://) and ``push`` mirrors the local folder back after each write.
 """
 
 from __future__ import annotations
@@ -130,6 +134,55 @@ def load_model(checkpoint_dir: str | Path, *, device: str | torch.device = "cpu"
     return model.eval()
 
 
+def is_uri(location: str | Path) -> bool:
+    """Whether a checkpoint location names a pyarrow file system (s3://, gs://, file://...)."""
+    return "://" in str(location)
+
+
+def pull(uri: str, folder: str | Path) -> None:
+    """Copy a trial's checkpoints at ``uri`` (any file system pyarrow opens)
+    into the local ``folder``; nothing when there are none yet."""
+    from pyarrow import fs
+
+    remote, root = fs.FileSystem.from_uri(uri)
+    if remote.get_file_info(root).type == fs.FileType.NotFound:
+        return
+    fs.copy_files(root, str(folder), source_filesystem=remote, destination_filesystem=fs.LocalFileSystem())
+
+
+def push(folder: str | Path, uri: str) -> None:
+    """Mirror the local checkpoint ``folder`` to ``uri``: new step folders
+    and final files up, then step folders gone locally removed there.
+
+    Within a step folder ``trainer.pt`` goes last, so a push cut short never
+    leaves a step that ``latest`` takes for complete (object stores write
+    each file whole); older steps go only once the newer one is up.
+    """
+    from pyarrow import fs
+
+    folder = Path(folder)
+    remote, root = fs.FileSystem.from_uri(uri)
+    remote.create_dir(root, recursive=True)
+    there = {info.base_name: info for info in remote.get_file_info(fs.FileSelector(root))}
+    here = sorted(p for p in folder.iterdir() if not p.name.startswith("."))
+    local = fs.LocalFileSystem()
+    for path in here:
+        if path.is_dir():
+            if path.name in there:  # a step folder, written once
+                continue
+            files = sorted(path.iterdir(), key=lambda f: f.name == TRAINER_FILE)
+            remote.create_dir(f"{root}/{path.name}", recursive=True)
+            for file in files:
+                fs.copy_files(str(file), f"{root}/{path.name}/{file.name}", source_filesystem=local,
+                              destination_filesystem=remote)
+        else:
+            fs.copy_files(str(path), f"{root}/{path.name}", source_filesystem=local, destination_filesystem=remote)
+    names = {p.name for p in here}
+    for name, info in there.items():
+        if name not in names and info.type == fs.FileType.Directory:
+            remote.delete_dir(f"{root}/{name}")
+
+
 def _atomic(path: Path, write) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
     os.close(fd)
@@ -141,4 +194,4 @@ def _atomic(path: Path, write) -> None:
         raise
 
 
-__all__ = ["TrainerState", "latest", "load_model", "restore", "save", "save_final"]
+__all__ = ["TrainerState", "is_uri", "latest", "load_model", "pull", "push", "restore", "save", "save_final"]

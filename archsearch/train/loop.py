@@ -49,7 +49,7 @@ class TrialResult:
 def train_trial(*, spec: ArchSpec, recipe: dict, data: dict | Source, seed: int, threads: int | None = None,
                 on_eval: Callable[[dict], None] | None = None, device: str | torch.device | None = None,
                 checkpoint_dir: str | Path | None = None, checkpoint_every: int | None = None,
-                stop_at: float | None = None) -> TrialResult:
+                stop_at: float | None = None, on_checkpoint: Callable[[Path], None] | None = None) -> TrialResult:
     """Train ``spec`` with ``recipe`` (a dumped ``Recipe``) on ``data`` and evaluate.
 
     ``data`` is a dumped data config or a ready Source. Seeds torch, the data
@@ -58,7 +58,8 @@ def train_trial(*, spec: ArchSpec, recipe: dict, data: dict | Source, seed: int,
     happens. ``device`` defaults to CUDA when there is one. With
     ``checkpoint_dir``, saves a checkpoint every ``checkpoint_every`` steps
     (default: at every evaluation) and at the end, resumes from the newest one
-    found there, and writes the final ``model.safetensors`` and ``spec.json``.
+    found there, and writes the final ``model.safetensors`` and ``spec.json``;
+    ``on_checkpoint`` is called with the folder after each of those writes.
     ``stop_at`` (a share of the budget, for multi-fidelity rungs) stops early
     with an evaluation and a checkpoint; the schedule stays that of the full
     budget, so a later call continues exactly as an uninterrupted run.
@@ -118,10 +119,14 @@ def train_trial(*, spec: ArchSpec, recipe: dict, data: dict | Source, seed: int,
             state.elapsed_s = time.perf_counter() - start
             checkpoint.save(checkpoint_dir, model=model, spec=spec, optimizer=optimizer, state=state,
                             generator=train_stream, fingerprint=fingerprint)
+            if on_checkpoint is not None:
+                on_checkpoint(Path(checkpoint_dir))
     wall = time.perf_counter() - start
     carry.close()
     if checkpoint_dir is not None and state.step == total:
         checkpoint.save_final(checkpoint_dir, model=model, spec=spec)
+        if on_checkpoint is not None:
+            on_checkpoint(Path(checkpoint_dir))
     last = state.curve[-1]
     return TrialResult(train_loss=last["train_loss"], val_loss=last["val_loss"], val_accuracy=last["val_accuracy"],
                        steps=state.step, tokens=state.tokens, wall_time_s=wall, tokens_per_s=state.tokens / wall,

@@ -1,0 +1,149 @@
+"""Where trials run: a private embedded Ray, or a cluster it joins, and
+how many trials fit on it at once.
+
+The embedded instance is private to its run: its session files live in a
+temporary folder of its own (so ``--address auto`` from another shell never
+finds it) and every server listens on 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from archsearch.errors import ArchsearchError
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def start_ray(address: str | None) -> str | None:
+    """Start a private embedded Ray (returns its folder) or join ``address`` (returns None)."""
+    import ray
+
+    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+    quiet = dict(include_dashboard=False, logging_level="ERROR", log_to_driver=False, configure_logging=True)
+    if address not in (None, "local"):
+        if address == "auto":
+            address = _recorded_cluster()
+        _check_reachable(address)
+        _warn_if_open(address)
+        try:
+            ray.init(address=address, **quiet)
+        except ConnectionError as err:
+            hint = ("start one with `ray start --head`, or leave out --address to run locally"
+                    if _token_mode() else
+                    "if it uses token authentication (what `ray start --head` turns on since Ray 2.59), "
+                    "set RAY_AUTH_MODE=token; Ray reads the token from ~/.ray/auth_token or $RAY_AUTH_TOKEN")
+            raise ArchsearchError(f"cannot join the Ray cluster at '{address}': {str(err).splitlines()[0]}; "
+                                  f"{hint}") from None
+        return None
+    # Session files in a folder of our own: `ray.init("auto")` looks for a
+    # cluster under /tmp/ray and so never joins this one. Short prefix: Ray
+    # puts unix sockets in it, whose paths are capped near 107 bytes.
+    folder = tempfile.mkdtemp(prefix="asray-", dir="/tmp" if os.path.isdir("/tmp") else None)
+    with _loopback_only():
+        ray.init(address="local", _temp_dir=folder, **quiet)
+    return folder
+
+
+def _recorded_cluster() -> str:
+    """What ``--address auto`` joins: $RAY_ADDRESS, or the cluster ``ray
+    start`` recorded on this machine. Never Ray's own fallback for "auto",
+    which joins any Ray process it finds running: another run's embedded one."""
+    from ray._private.utils import read_ray_address
+
+    found = os.environ.get("RAY_ADDRESS") or read_ray_address()
+    if not found:
+        raise ArchsearchError("--address auto: no cluster started with `ray start` on this machine and RAY_ADDRESS "
+                              "is unset; start one with `ray start --head`, give its HOST:PORT, or leave out "
+                              "--address to run locally")
+    return found
+
+
+@contextmanager
+def _loopback_only() -> Iterator[None]:
+    """Ray binds every server to the node address, which on Linux is the
+    machine's network address, and turns a given 127.0.0.1 into it. Its
+    single-machine mode (the default on macOS and Windows) uses 127.0.0.1:
+    the variable switches it on for the processes Ray starts, the constant
+    for this one, which read it when ray was imported."""
+    from ray._private import ray_constants
+
+    variable = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+    saved_env, saved_flag = os.environ.get(variable), ray_constants.ENABLE_RAY_CLUSTER
+    os.environ[variable] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved_flag
+        if saved_env is None:
+            os.environ.pop(variable, None)
+        else:
+            os.environ[variable] = saved_env
+
+
+def per_trial(execution: Any) -> dict[str, float]:
+    """What Ray reserves for each trial (CPUs default to its torch threads)."""
+    return {"CPU": execution.cpus or execution.threads_per_trial, "GPU": execution.gpus,
+            "memory": execution.memory or 0}
+
+
+_FIELDS = {"CPU": "cpus", "GPU": "gpus", "memory": "memory"}
+
+
+def trials_at_once(per_trial: dict[str, float], resources: dict[str, float], *, max_parallel: int | str) -> int:
+    """Trials at once: ``max_parallel``, or with "auto" as many as the
+    cluster's resources fit. Raises when not even one trial fits, since Ray
+    would wait for such a task forever."""
+    fits = []
+    for name, need in per_trial.items():
+        if need:
+            have = resources.get(name, 0)
+            if have < need:
+                unit = " bytes" if name == "memory" else ""
+                raise ArchsearchError(f"execution.{_FIELDS[name]}: each trial asks for {need:g}{unit} but the Ray "
+                                      f"cluster has {have:g}{unit} in all; lower it or add nodes that have it")
+            fits.append(int(have // need))
+    if max_parallel != "auto":
+        return int(max_parallel)
+    return max(1, min(fits or [1]))
+
+
+
+def _check_reachable(address: str, timeout: float = 5.0) -> None:
+    """Fail in one line when nothing listens at a cluster address: Ray itself
+    retries for minutes before giving up."""
+    import socket
+
+    host, port = _host_port(address)
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except OSError as err:
+        raise ArchsearchError(f"cannot reach a Ray cluster at {address} ({err}); start one with "
+                              "`ray start --head` there, or leave out --address to run locally") from None
+
+
+def _host_port(address: str) -> tuple[str, str]:
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        raise ArchsearchError(f"Ray address '{address}' is not auto, host:port or ray://host:port")
+    return host.strip("[]"), port
+
+
+def _warn_if_open(address: str) -> None:
+    """A cluster reached over the network without Ray's token authentication
+    runs whatever anyone who can reach its port sends it."""
+    host, _ = _host_port(address)
+    if host not in LOOPBACK and not _token_mode():
+        print(f"warning: joining the Ray cluster at {address} without authentication: anyone who can reach "
+              "that port can run code on the cluster; start it with token authentication and set "
+              "RAY_AUTH_MODE=token here", file=sys.stderr)
+
+
+def _token_mode() -> bool:
+    return os.environ.get("RAY_AUTH_MODE", "").lower() == "token"

@@ -1,0 +1,473 @@
+"""The driver under load and under faults: readers while it writes, live
+curves, dead workers, dead drivers, diverged trials, a private embedded Ray.
+
+The Ray tests of this module share one embedded instance, started the way
+``run_study`` starts its own; the driver-kill test runs ``archsearch`` in
+subprocesses, each with its own.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+import archsearch as A
+from archsearch.execute.progress import TrialProgress
+from tests.conftest import TINY_SPACE, tiny_study_text
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# progress (no Ray)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_off_a_terminal_progress_is_one_line_per_trial_and_a_heartbeat():
+    out, clock = io.StringIO(), FakeClock()
+    console = Console(file=out, force_terminal=False, width=80)
+    with TrialProgress(total=2, console=console, heartbeat_s=0.5, clock=clock) as progress:
+        progress.update(completed=0, running=2, failed=0)
+        assert out.getvalue() == ""  # nothing due yet
+        clock.now = 0.6
+        progress.update(completed=0, running=2, failed=0)
+        progress.finished(trial_id="abc123", label="transformer taper.shape=[/bold]", status="completed",
+                          val_loss=2.34567, wall_s=1.25)
+        clock.now = 0.8  # the trial line just printed counts as a sign of life
+        progress.update(completed=1, running=1, failed=0)
+        progress.finished(trial_id="def456", label="transformer", status="diverged", val_loss=float("nan"),
+                          wall_s=0.5)
+    lines = out.getvalue().splitlines()
+    assert lines == ["0/2 trials done, 2 running, 0 failed, 1s elapsed",
+                     "trial abc123 transformer taper.shape=[/bold]: val_loss 2.3457 in 1.2s",
+                     "trial def456 transformer: diverged (val_loss nan) in 0.5s"]
+    assert "\x1b" not in out.getvalue()  # plain text for logs
+
+
+def test_on_a_terminal_progress_draws_a_bar_and_disabled_prints_nothing():
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=100)
+    with TrialProgress(total=3, console=console) as progress:
+        progress.update(completed=2, running=1, failed=1)
+    assert "3/3" in out.getvalue() and "failed 1" in out.getvalue()
+    quiet = io.StringIO()
+    with TrialProgress(total=3, enabled=False, console=Console(file=quiet), heartbeat_s=0) as progress:
+        progress.update(completed=1, running=0, failed=0)
+        progress.finished(trial_id="a", label="x", status="completed", val_loss=1.0, wall_s=1.0)
+    assert quiet.getvalue() == ""
+
+
+def test_a_memory_size_reads_with_units_and_a_bad_one_names_the_field(tmp_path):
+    from archsearch.space.schema import Execution
+
+    assert Execution(memory="2GiB").memory == 2 * 2**30
+    assert Execution(memory="512MB").memory == 512_000_000
+    (tmp_path / "space.yaml").write_text(TINY_SPACE)
+    text = tiny_study_text(corpus=tmp_path).replace("max_parallel: 2", "max_parallel: 2\n  memory: lots")
+    (tmp_path / "study.yaml").write_text(text)
+    with pytest.raises(A.SpecError, match=r"study.yaml:\d+: execution.memory: .*4GiB"):
+        A.load_study(tmp_path / "study.yaml")
+
+
+@pytest.mark.parametrize(("per_trial", "max_parallel", "width"), [
+    ({"CPU": 1, "GPU": 0, "memory": 0}, "auto", 8),
+    ({"CPU": 2, "GPU": 0, "memory": 0}, "auto", 4),
+    ({"CPU": 1, "GPU": 0.5, "memory": 0}, "auto", 4),  # fractions pack small trials onto the 2 GPUs
+    ({"CPU": 1, "GPU": 0, "memory": 3 * 2**30}, "auto", 5),
+    ({"CPU": 1, "GPU": 0, "memory": 0}, 3, 3),
+], ids=["cpus", "two-cpus", "half-gpu", "memory", "fixed"])
+def test_trials_at_once_are_what_the_cluster_fits(per_trial, max_parallel, width):
+    from archsearch.execute.cluster import trials_at_once
+
+    resources = {"CPU": 8.0, "GPU": 2.0, "memory": 16 * 2**30}
+    assert trials_at_once(per_trial, resources, max_parallel=max_parallel) == width
+
+
+def test_a_trial_the_cluster_cannot_fit_fails_before_it_waits_forever():
+    from archsearch.execute.cluster import trials_at_once
+
+    with pytest.raises(A.ArchsearchError, match=r"execution.gpus: each trial asks for 1 but the Ray cluster has 0"):
+        trials_at_once({"CPU": 1, "GPU": 1, "memory": 0}, {"CPU": 2.0}, max_parallel="auto")
+
+
+@pytest.mark.parametrize(("address", "auth", "warned"), [
+    ("10.0.0.5:6379", None, True), ("ray://head.example:10001", None, True),
+    ("10.0.0.5:6379", "token", False), ("127.0.0.1:6379", None, False), ("ray://localhost:10001", None, False),
+], ids=["lan", "client", "token", "loopback", "client-loopback"])
+def test_a_cluster_off_loopback_without_auth_gets_a_warning(address, auth, warned, monkeypatch, capsys):
+    from archsearch.execute.cluster import _warn_if_open
+
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    if auth:
+        monkeypatch.setenv("RAY_AUTH_MODE", auth)
+    _warn_if_open(address)
+    err = capsys.readouterr().err
+    assert ("without authentication" in err) == warned
+    assert err.count("\n") == int(warned)
+
+
+# helpers for the Ray tests
+
+
+def write_study(folder: Path, corpus: Path, *, shapes: str = "[uniform, cosine, reverse]", steps: int = 12,
+                eval_every: int = 6, recipe: str = "", execution: str = "") -> Path:
+    (folder / "space.yaml").write_text(TINY_SPACE.replace("[uniform, cosine, reverse]", shapes))
+    text = tiny_study_text(corpus=corpus, steps=steps).replace("eval_every: 6", f"eval_every: {eval_every}")
+    text = text.replace("recipe:\n", "recipe:\n" + textwrap.indent(recipe, "  ")) if recipe else text
+    text = text.replace("max_parallel: 2\n", "max_parallel: 2\n" + textwrap.indent(execution, "  "))
+    path = folder / "study.yaml"
+    path.write_text(text)
+    return path
+
+
+def descendants(pid: int) -> list[int]:
+    """Process ids under ``pid``, children first, read from /proc."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            parents.setdefault(ppid, []).append(int(entry.name))
+    found, frontier = [], [pid]
+    while frontier:
+        children = parents.get(frontier.pop(), [])
+        found += children
+        frontier += children
+    return found
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def snapshot(store: Path) -> tuple[dict, dict]:
+    """Trials (result columns only: timing left out) and curves of a store."""
+    with A.open_store(store, read_only=True) as db:
+        trials = {r["trial_id"]: (r["status"], r["train_loss"], r["val_loss"], r["val_accuracy"], r["steps"],
+                                  r["tokens"]) for r in db.trials().to_pylist()}
+        curves: dict[str, list] = {}
+        for r in db.metrics().to_pylist():
+            curves.setdefault(r["trial_id"], []).append(
+                (r["step"], r["tokens"], r["train_loss"], r["val_loss"], r["val_accuracy"], r["lr"]))
+    return trials, curves
+
+
+@pytest.fixture(scope="module")
+def embedded_ray():
+    """One private embedded Ray for the module, started as ``run_study`` starts its own."""
+    import shutil
+
+    import ray
+
+    from archsearch.execute.cluster import start_ray
+
+    folder = start_ray(None)
+    yield folder
+    ray.shutdown()
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.ray
+def test_embedded_ray_is_private_and_listens_on_loopback_only(embedded_ray):
+    """`--address auto` from another shell looks under /tmp/ray; this
+    instance lives in its own folder, and no socket of it (raylet, GCS,
+    workers) listens beyond 127.0.0.1 (planted mutation: dropping the
+    loopback setting in `start_ray` lists sockets on *)."""
+    import ray
+
+    assert ray._private.worker._global_node.get_session_dir_path().startswith(embedded_ray)
+    ours = {os.getpid(), *descendants(os.getpid())}
+    inodes = set()
+    for pid in ours:
+        try:
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                target = os.readlink(fd)
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+        except OSError:
+            continue
+    listening = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                listening.append(fields[1].split(":")[0])
+    loopback = {"0100007F", "00000000000000000000000001000000", "0000000000000000FFFF00000100007F"}
+    assert listening and set(listening) <= loopback, listening
+
+
+@pytest.mark.ray
+def test_a_diverged_trial_is_never_completed_best_or_on_the_front(embedded_ray, tmp_path, corpus):
+    """The reproduction from the issue: lr 1.0, weight_decay 1e20, one step."""
+    from typer.testing import CliRunner
+
+    from archsearch.cli import app
+
+    path = write_study(tmp_path, corpus, shapes="uniform", steps=1, eval_every=1,
+                       recipe="lr: 1.0\nweight_decay: 1.0e20\n")
+    path.write_text(path.read_text().replace("warmup_steps: 2", "warmup_steps: 0"))
+    store = tmp_path / "s.duckdb"
+    summary = A.run_study(A.load_study(path), store=store, show_progress=False)
+    assert (summary.completed, summary.diverged, summary.failed) == (0, 1, 1)
+    with A.open_store(store, read_only=True) as db:
+        (row,) = db.trials().to_pylist()
+    assert row["status"] == "diverged" and "nan" in row["error"] and row["val_loss"] is None
+
+    def strict(text: str):
+        return json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} in JSON output"))
+
+    runner = CliRunner()
+    front = runner.invoke(app, ["pareto", "--json", "--store", str(store)])
+    assert front.exit_code == 0 and strict(front.output)["front"] == []
+    status = runner.invoke(app, ["status", "--json", "--store", str(store)])
+    assert strict(status.output)["trials"][0]["status"] == "diverged"
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_reader_in_another_process_sees_the_study_grow_without_lock_errors(embedded_ray, tmp_path, corpus,
+                                                                           monkeypatch):
+    """A second process reads the store throughout a run: never a lock
+    error, and curves of trials still running grow point by point
+    (planted mutation: writing eval points only in `finish` leaves no
+    running trial with a curve)."""
+    from archsearch.execute import driver
+
+    monkeypatch.setattr(driver, "POINTS_EVERY_S", 0.1)  # trials here last about a second
+    path = write_study(tmp_path, corpus, steps=160, eval_every=20)
+    store = tmp_path / "s.duckdb"
+    A.open_store(store).close()  # exists before the reader starts
+    log, stop = tmp_path / "reads.jsonl", tmp_path / "stop"
+    reader = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""\
+        import json, os, sys, traceback
+        import archsearch as A
+        print("ready", flush=True)
+        with open({str(log)!r}, "w") as out:
+            while not os.path.exists({str(stop)!r}):
+                try:
+                    with A.open_store({str(store)!r}, read_only=True) as db:
+                        status = {{r["trial_id"]: r["status"] for r in db.trials().to_pylist()}}
+                        points = {{}}
+                        for r in db.metrics().to_pylist():
+                            points[r["trial_id"]] = points.get(r["trial_id"], 0) + 1
+                    out.write(json.dumps({{"status": status, "points": points}}) + "\\n")
+                except Exception as err:
+                    out.write(json.dumps({{"error": traceback.format_exception_only(err)[-1]}}) + "\\n")
+        """)], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert reader.stdout.readline().strip() == "ready"
+        summary = A.run_study(A.load_study(path), store=store, show_progress=False)
+    finally:
+        stop.touch()
+        reader.wait(timeout=60)
+    assert summary.completed == 3
+    reads = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [r["error"] for r in reads if "error" in r] == []
+    live = [(trial, r["points"].get(trial, 0)) for r in reads for trial, s in r["status"].items() if s == "running"]
+    growing = {trial for trial, n in live if n > 0}
+    assert growing, "no running trial ever showed a curve"
+    assert any(len({n for t, n in live if t == trial and n > 0}) > 1 for trial in growing)
+    assert reads[-1]["points"] and len(reads) > 10
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("storage", ["folder", "uri"])
+def test_a_worker_killed_mid_trial_is_retried_from_its_checkpoint(embedded_ray, tmp_path, corpus, storage, capfd):
+    """SIGKILL the worker once its first checkpoint is in the study's
+    storage (a shared folder, or a pyarrow URI the worker mirrors a local
+    folder to): the trial is retried from that checkpoint, the store counts
+    two attempts, its curve equals an uninterrupted run's, and the model
+    loads from there (planted mutation: `pull` copying nothing restarts the
+    retry at step 0)."""
+    from archsearch.inspect import load_trained
+    from archsearch.store import checkpoint_dir
+    from archsearch.train import train_trial
+
+    shared = tmp_path / "shared"  # execution.storage: what every node would reach
+    location = shared if storage == "folder" else f"file://{shared}"
+    path = write_study(tmp_path, corpus, shapes="uniform", steps=300, eval_every=50,
+                       execution=f"storage: {location}\n")
+    study = A.load_study(path)
+    (trial,) = A.plan(study)
+    store = tmp_path / "s.duckdb"
+    folder = Path(str(checkpoint_dir(store, trial.trial_id, storage=location)).removeprefix("file://"))
+    killed: list[int] = []
+
+    def kill_the_worker() -> None:
+        deadline = time.monotonic() + 120
+        while not killed and time.monotonic() < deadline:
+            if list(folder.glob("step-*/trainer.pt")):
+                for pid in descendants(os.getpid()):
+                    if "ray::_trial_task" in cmdline(pid):
+                        os.kill(pid, signal.SIGKILL)
+                        killed.append(pid)
+            time.sleep(0.01)
+
+    killer = threading.Thread(target=kill_the_worker, daemon=True)
+    killer.start()
+    summary = A.run_study(study, store=store, show_progress=True, heartbeat_s=1e9)
+    killer.join(timeout=5)
+    assert killed, "the worker finished before it could be killed"
+    # the second attempt started where the first one's checkpoint left it, not from step 0
+    assert re.search(rf"trial {trial.trial_id}: attempt 2 resumes from step [1-9]\d*", capfd.readouterr().err)
+    assert summary.completed == 1
+    with A.open_store(store, read_only=True) as db:
+        row = db.trials().to_pylist()[0]
+        curve = db.metrics().to_pylist()
+    assert row["status"] == "completed" and row["attempts"] == 2
+    fresh = train_trial(spec=trial.spec, recipe=trial.recipe, data=trial.data, seed=trial.seed, threads=1)
+    assert [r["step"] for r in curve] == [r["step"] for r in fresh.curve]
+    assert [r["val_loss"] for r in curve] == pytest.approx([r["val_loss"] for r in fresh.curve], rel=1e-6)
+    assert not (tmp_path / "s.duckdb.checkpoints").exists()
+    assert load_trained(trial.trial_id, store=store)(fresh_tokens()).shape == (1, 8, 256)
+
+
+def fresh_tokens():
+    import torch
+
+    return torch.randint(0, 256, (1, 8), generator=torch.Generator().manual_seed(0))
+
+
+@pytest.mark.ray
+def test_address_auto_never_joins_a_private_embedded_ray(embedded_ray, tiny_study, tmp_path):
+    """This module's embedded Ray runs; `--address auto` with no cluster
+    started by `ray start` fails in one line instead of joining it (Ray's
+    own "auto" joins any Ray process it finds: the planted mutation of
+    passing "auto" through to ray.init hangs here in another's instance)."""
+    env = dict(os.environ, RAY_TMPDIR=str(tmp_path / "no-cluster-here"))
+    env.pop("RAY_ADDRESS", None)
+    done = subprocess.run([sys.executable, "-m", "archsearch.cli", "run", str(tiny_study), "--store",
+                           str(tmp_path / "s.duckdb"), "--address", "auto"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.startswith("error: --address auto: no cluster started with `ray start`"), done.stderr
+    assert done.stderr.count("\n") == 1
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_driver_killed_at_several_points_ends_as_an_uninterrupted_run(embedded_ray, tmp_path, corpus):
+    """`archsearch run` is SIGKILLed (with its Ray) right after it registers
+    the study, then mid-trial with points written, then after two trials
+    finished; each `resume` picks up, and the store ends with the trials and
+    curves of a run never interrupted. Off a terminal the output is one line
+    per finished trial plus heartbeats."""
+    path = write_study(tmp_path, corpus, steps=120, eval_every=20)
+    reference = tmp_path / "reference.duckdb"
+    A.run_study(A.load_study(path), store=reference, show_progress=False)
+    store = tmp_path / "killed.duckdb"
+    env = dict(os.environ, ARCHSEARCH_HEARTBEAT_S="0.5")
+
+    def start(command: str) -> tuple[subprocess.Popen, Path]:
+        err = tmp_path / f"{command}-{time.monotonic_ns()}.log"
+        process = subprocess.Popen([sys.executable, "-m", "archsearch.cli", command, str(path), "--store", str(store),
+                                    "--report", str(tmp_path / "r.html")], cwd=ROOT, env=env,
+                                   stdout=subprocess.DEVNULL, stderr=err.open("w"), start_new_session=True)
+        return process, err
+
+    def kill_when(process: subprocess.Popen, ready) -> None:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and process.poll() is None:
+            if store.exists() and ready(*snapshot(store)):
+                break
+            time.sleep(0.05)
+        assert process.poll() is None, "the run ended before the kill point"
+        # The whole machine dies: the driver and every Ray process it started.
+        for pid in [process.pid, *descendants(process.pid)]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        process.wait(timeout=30)
+
+    def statuses(trials: dict) -> list[str]:
+        return [t[0] for t in trials.values()]
+
+    process, _ = start("run")
+    kill_when(process, lambda trials, curves: len(trials) == 3)
+    process, _ = start("resume")
+    kill_when(process, lambda trials, curves: "running" in statuses(trials) and curves)
+    trials, _ = snapshot(store)
+    assert "interrupted" in statuses(trials)  # running trials of the dead driver
+    process, _ = start("resume")
+    kill_when(process, lambda trials, curves: statuses(trials).count("completed") >= 2)
+    process, log = start("resume")
+    assert process.wait(timeout=300) == 0
+    assert snapshot(store) == snapshot(reference)
+    lines = [line for path in tmp_path.glob("*.log") for line in path.read_text().splitlines()]
+    assert any(line.startswith("trial ") and "val_loss" in line for line in log.read_text().splitlines())
+    assert any(line.endswith("s elapsed") and "trials done" in line for line in lines), lines
+    assert not any("\x1b[" in line for line in lines)
+
+
+def test_a_second_run_on_a_busy_store_refuses_in_one_line_before_starting_ray(tiny_study, tmp_path):
+    from typer.testing import CliRunner
+
+    from archsearch.cli import app
+    from archsearch.store import RunLock
+
+    store = tmp_path / "s.duckdb"
+    with RunLock(store, study="other"):
+        result = CliRunner().invoke(app, ["run", str(tiny_study), "--store", str(store)])
+    assert result.exit_code == 1
+    assert result.output.startswith(f"error: {store} is being written by another run (study 'other', pid")
+    assert result.output.count("\n") == 1
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_address_auto_joins_a_cluster_started_with_ray_start(tiny_study, tmp_path):
+    """A head started with `ray start` (its own temp folder, found through
+    RAY_TMPDIR as `auto` would find /tmp/ray): the study runs on it, with the
+    warning about its address being reachable without authentication.
+    The cluster is stopped by the process ids of its processes."""
+    import shutil
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="asrt-", dir="/tmp")  # short: Ray's socket paths are capped
+    env = dict(os.environ, RAY_TMPDIR=folder, RAY_AUTH_MODE="disabled")
+    env.pop("RAY_ADDRESS", None)
+    ray_cli = [sys.executable, "-m", "ray.scripts.scripts"]
+    try:
+        subprocess.run([*ray_cli, "start", "--head", "--port", "0", "--temp-dir", f"{folder}/ray", "--num-cpus", "1",
+                        "--include-dashboard", "false", "--disable-usage-stats"], env=env, check=True,
+                       capture_output=True, timeout=120, start_new_session=True)
+        store = tmp_path / "s.duckdb"
+        done = subprocess.run([sys.executable, "-m", "archsearch.cli", "run", str(tiny_study), "--store", str(store),
+                               "--address", "auto", "--report", str(tmp_path / "r.html")], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert "without authentication" in done.stderr
+        with A.open_store(store, read_only=True) as db:
+            assert {r["status"] for r in db.trials().to_pylist()} == {"completed"}
+    finally:
+        daemons = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and folder in cmdline(int(p.name))]
+        for pid in {*daemons, *(child for pid in daemons for child in descendants(pid))}:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        shutil.rmtree(folder, ignore_errors=True)
