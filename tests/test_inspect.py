@@ -1,0 +1,160 @@
+"""Analyses of trained models on tiny models whose answer is known."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from archsearch.arch.model import build_model
+from archsearch.arch.spec import ArchSpec, LayerSpec
+from archsearch.data import Batch
+from archsearch.inspect import (
+    block_influence,
+    compare_schedules,
+    compress_model,
+    depth_pruning,
+    error_contraction,
+    rank_layers,
+    remove_layers,
+    sparsity_schedule,
+    zero_fraction,
+)
+from archsearch.inspect.wanda import input_norms, linears, prune_rows
+
+SPEC = ArchSpec(family="transformer", vocab_size=32, d_model=16, num_heads=2,
+                layers=tuple(LayerSpec(mlp_width=32) for _ in range(4)))
+
+
+class Scale(nn.Module):
+    """A layer that multiplies its input by a constant."""
+
+    def __init__(self, factor: float):
+        super().__init__()
+        self.factor = factor
+
+    def forward(self, x):
+        return self.factor * x
+
+
+def batches(count: int = 2, seed: int = 0) -> list[Batch]:
+    generator = torch.Generator().manual_seed(seed)
+    tokens = [torch.randint(0, 32, (3, 9), generator=generator) for _ in range(count)]
+    return [Batch(inputs=t[:, :-1], targets=t[:, 1:]) for t in tokens]
+
+
+def model_with(**planted: nn.Module) -> nn.Module:
+    """The 4-layer stack with some layers swapped for known maps (``layer1=nn.Identity()``)."""
+    torch.manual_seed(0)
+    model = build_model(SPEC).eval()
+    for name, module in planted.items():
+        model.layers[int(name.removeprefix("layer"))] = module
+    return model
+
+
+def test_identity_has_rho_one_and_a_half_scale_rho_half():
+    """Mutation: rho taken as input error over output error reads 2 for the
+    half-scale layer, and this fails."""
+    model = model_with(layer1=nn.Identity(), layer2=Scale(0.5))
+    profile = error_contraction(model, batches(), mode="noise")
+    assert profile.rho[1] == pytest.approx(1.0, abs=1e-6)
+    assert profile.rho[2] == pytest.approx(0.5, abs=1e-6)
+    assert profile.rho[0] != pytest.approx(1.0, abs=1e-3)  # a real layer moves the error
+
+
+def test_predicted_amplification_matches_the_measured_drift_for_linear_layers():
+    model = model_with(layer0=Scale(2.0), layer1=Scale(0.5), layer2=nn.Identity(), layer3=Scale(0.25))
+    profile = error_contraction(model, batches(), mode="noise")
+    assert profile.predicted == pytest.approx([0.25, 0.125, 0.25, 0.25], rel=1e-5)
+    assert profile.measured == pytest.approx(profile.predicted, rel=1e-5)
+
+
+def test_compressed_rho_has_no_value_where_no_error_came_in():
+    profile = error_contraction(model_with(layer2=Scale(0.5)), batches(), mode="int8")
+    assert math.isnan(profile.rho[0]) and profile.input_error[0] == 0.0
+    assert profile.rho[2] == pytest.approx(0.5, abs=1e-6)  # nothing to quantise: the error passes scaled
+    assert profile.output_error[0] > 0 and len(profile.measured) == 4
+    assert {r["metric"] for r in profile.rows()} >= {"rho", "predicted", "measured"}
+
+
+def test_identity_has_no_block_influence_and_is_removed_first_by_every_ranking():
+    model = model_with(layer1=nn.Identity())
+    bi = block_influence(model, batches())
+    assert bi[1] == pytest.approx(0.0, abs=1e-6) and min(bi[0], bi[2], bi[3]) > 1e-4
+    rho = error_contraction(model, batches(), measure=False).rho
+    for by in ("rho", "bi", "blend"):
+        assert rank_layers(rho=rho, bi=bi, by=by)[0] == 1
+
+
+def test_removing_an_identity_layer_leaves_the_output_unchanged():
+    model = model_with(layer1=nn.Identity())
+    tokens = batches()[0].inputs
+    pruned = remove_layers(model, [1])
+    assert len(pruned.layers) == 3 and pruned.spec.num_layers == 3
+    torch.testing.assert_close(pruned(tokens), model(tokens))
+    assert not torch.allclose(remove_layers(model, [2])(tokens), model(tokens))
+    assert len(model.layers) == 4  # the original is untouched
+
+
+def test_depth_pruning_reports_each_ranking_and_refuses_other_structures():
+    model = model_with(layer1=nn.Identity())
+    rows = depth_pruning(model, batches(), rankings=("rho", "bi"), repeats=1)
+    assert [(r["ranking"], r["removed"]) for r in rows] == [("rho", 0), ("rho", 1), ("rho", 2),
+                                                            ("bi", 0), ("bi", 1), ("bi", 2)]
+    whole, one = rows[0], rows[1]
+    assert one["layers"] == [1] and one["perplexity"] == pytest.approx(whole["perplexity"], rel=1e-5)
+    assert all(r["tokens_per_s"] > 0 for r in rows)
+    looped = build_model(ArchSpec(family="looped", vocab_size=32, d_model=16, num_heads=2, structure="looped",
+                                  options={"loops": 2}, layers=(LayerSpec(mlp_width=32),)))
+    with pytest.raises(ValueError, match="stack models only; this model is 'looped'"):
+        depth_pruning(looped, batches())
+
+
+def test_wanda_at_half_leaves_exactly_half_of_each_row():
+    pruned = compress_model(model_with(), batches(), method="wanda", sparsity=0.5)
+    for layer in pruned.layers:
+        for linear in linears(layer):
+            zeros_per_row = (linear.weight == 0).sum(dim=1)
+            assert (zeros_per_row == linear.weight.shape[1] // 2).all()
+    assert zero_fraction(pruned) == pytest.approx([0.5] * 4)
+
+
+def test_wanda_keeps_the_weights_of_loud_inputs():
+    """A small weight on a loud input outscores a large weight on a quiet one
+    (magnitude pruning would drop it). Mutation: scoring by |W| alone fails."""
+    linear = nn.Linear(4, 1, bias=False)
+    with torch.no_grad():
+        linear.weight.copy_(torch.tensor([[0.1, 1.0, 0.2, 0.9]]))
+    x_NI = torch.randn(64, 4) * torch.tensor([100.0, 1.0, 100.0, 1.0])
+    norms = input_norms(linear, lambda: linear(x_NI))
+    weight = linear.weight.detach().clone()
+    prune_rows(weight, weight.abs() * norms[linear][None, :], 0.5)
+    assert (weight[0] != 0).tolist() == [True, False, True, False]
+
+
+def test_wanda_reads_each_layers_inputs_through_the_pruned_layers_before_it():
+    model, calib = model_with(), batches()
+    pruned = compress_model(model, calib, method="wanda", sparsity=0.5)
+    # by hand: layer 0 pruned on the dense inputs, layer 1's norms read after that
+    by_hand = model_with()
+    for index in (0, 1):
+        layer = by_hand.layers[index]
+        norms = input_norms(layer, lambda: [by_hand(b.inputs) for b in calib])
+        for linear in linears(layer):
+            prune_rows(linear.weight.data, linear.weight.data.abs() * norms[linear][None, :], 0.5)
+    for ours, theirs in zip(linears(pruned.layers[1]), linears(by_hand.layers[1])):
+        assert torch.equal(ours.weight == 0, theirs.weight == 0)
+
+
+def test_a_depth_schedule_prunes_early_layers_least_at_the_same_total():
+    sizes = [100, 300, 300, 100]
+    plan = sparsity_schedule("depth", 0.5, sizes, spread=0.5)
+    assert plan == sorted(plan) and plan[0] < 0.5 < plan[-1]
+    assert sum(s * n for s, n in zip(plan, sizes)) == pytest.approx(0.5 * sum(sizes))
+    rows = compare_schedules(model_with(), batches(), sparsity=0.5)
+    total = {r["schedule"]: r["value"] for r in rows if r["metric"] == "sparsity" and r["layer"] is None}
+    assert total["uniform"] == pytest.approx(0.5) and total["depth"] == pytest.approx(0.5, abs=0.01)
+    ppl = {r["schedule"]: r["value"] for r in rows if r["metric"] == "perplexity"}
+    assert set(ppl) == {"dense", "uniform", "depth"}
