@@ -22,6 +22,8 @@ from archsearch.inspect import (
     sparsity_schedule,
     zero_fraction,
 )
+from archsearch.inspect.early_exit import adapt_cache_holes, exit_curve
+from archsearch.inspect.probes import fit_probe, half_lives, ridge, run_probe
 from archsearch.inspect.wanda import input_norms, linears, prune_rows
 
 SPEC = ArchSpec(family="transformer", vocab_size=32, d_model=16, num_heads=2,
@@ -158,3 +160,88 @@ def test_a_depth_schedule_prunes_early_layers_least_at_the_same_total():
     assert total["uniform"] == pytest.approx(0.5) and total["depth"] == pytest.approx(0.5, abs=0.01)
     ppl = {r["schedule"]: r["value"] for r in rows if r["metric"] == "perplexity"}
     assert set(ppl) == {"dense", "uniform", "depth"}
+
+
+LOOPED = ArchSpec(family="looped", vocab_size=32, d_model=16, num_heads=2, structure="looped",
+                  options={"loops": 3, "exit_gate": True, "inject": True}, layers=(LayerSpec(mlp_width=32),))
+
+
+def looped_with_gate_bias(bias: float) -> nn.Module:
+    torch.manual_seed(0)
+    model = build_model(LOOPED).eval()
+    with torch.no_grad():
+        model.exit_gate.weight.zero_()
+        model.exit_gate.bias.fill_(bias)
+    return model
+
+
+def test_a_gate_that_always_exits_runs_one_loop_in_three_and_scores_the_first_loop():
+    model, calib = looped_with_gate_bias(30.0), batches()
+    full, early = exit_curve(model, calib, thresholds=(0.5,))
+    assert full["threshold"] is None and full["loop_fraction"] == 1.0
+    assert early["loop_fraction"] == pytest.approx(1 / 3)
+    # by hand: the logits after the first loop
+    with torch.no_grad():
+        first = [model.logits(model.loops(model.embed(b.inputs), keep_all=True, exits=False).states[0]) for b in calib]
+    by_hand = math.exp(sum(float(nn.functional.cross_entropy(l.flatten(0, 1), b.targets.flatten(), reduction="sum"))
+                           for l, b in zip(first, calib)) / sum(b.targets.numel() for b in calib))
+    assert early["perplexity"] == pytest.approx(by_hand, rel=1e-5)
+    assert model.options.exit_threshold is None  # left as it was
+
+
+def test_a_gate_that_never_exits_runs_every_loop_at_any_threshold():
+    rows = exit_curve(looped_with_gate_bias(-30.0), batches(), thresholds=(0.5, 0.9))
+    assert [r["loop_fraction"] for r in rows] == [1.0, 1.0, 1.0]
+    assert len({round(r["perplexity"], 6) for r in rows}) == 1
+
+
+def test_cache_hole_adaptation_trains_a_copy_and_refuses_models_without_a_gate():
+    model = looped_with_gate_bias(0.0)
+    adapted = adapt_cache_holes(model, batches(count=3, seed=1), cache_hole=1.0, lr=1e-2)
+    assert any(not torch.equal(a, b) for a, b in zip(adapted.parameters(), model.parameters()))
+    assert adapted.options == model.options and not adapted.training
+    with pytest.raises(ValueError, match="exit_gate=True"):
+        exit_curve(model_with(), batches())
+
+
+def test_a_probe_recovers_a_planted_linear_signal():
+    generator = torch.Generator().manual_seed(0)
+    X_ND = torch.randn(400, 8, generator=generator)
+    w_D = torch.randn(8, generator=generator)
+    W = ridge(X_ND, (X_ND @ w_D + 3.0)[:, None], lam=1e-8)
+    torch.testing.assert_close(W[:-1, 0], w_D.double(), atol=1e-5, rtol=0)
+    assert float(W[-1, 0]) == pytest.approx(3.0, abs=1e-5)
+    held_out, _ = fit_probe(X_ND, X_ND @ w_D, classes=False)
+    noise_only, _ = fit_probe(X_ND, torch.randn(400, generator=generator), classes=False)
+    assert held_out > 0.999 and noise_only < 0.1
+
+
+def test_the_embedding_holds_the_current_token_but_not_the_previous_one():
+    """32 classes from 16 features by least squares: not always exact, far above chance (1/32)."""
+    model, calib = model_with(), batches(count=8)
+    now = run_probe(model, calib, state="hidden:0", target="lag:0")
+    before = run_probe(model, calib, state="hidden:0", target="lag:1")
+    assert now.score > 0.9 and before.score < 0.2
+    position = run_probe(model, calib, state="hidden:4", target="position")
+    assert position.tokens == 8 * 3 * 8 and position.width == 16
+    with pytest.raises(ValueError, match="hidden:0 .. hidden:4"):
+        run_probe(model, calib, state="hidden:5")
+
+
+def test_half_lives_follow_the_decay_parameters():
+    """A GDN head with g = -log 2 / 8 per token halves in 8 tokens."""
+    spec = ArchSpec(family="gdn", vocab_size=32, d_model=16, num_heads=2,
+                    layers=(LayerSpec(mixer="gated_deltanet", mlp_width=32),))
+    torch.manual_seed(0)
+    model = build_model(spec).eval()
+    mixer = model.layers[0].mixer
+    with torch.no_grad():
+        mixer.ab_proj.weight.zero_()
+        # softplus(dt_bias) = 1, so g = -exp(A_log)
+        mixer.dt_bias.fill_(math.log(math.e - 1))
+        mixer.A_log.copy_(torch.log(torch.tensor([math.log(2) / 8, math.log(2) / 2])))
+    rows = {r["metric"]: r["value"] for r in half_lives(model, batches())}
+    assert rows["half_life_head_0"] == pytest.approx(8.0, rel=1e-5)
+    assert rows["half_life_head_1"] == pytest.approx(2.0, rel=1e-5)
+    assert rows["half_life_max"] == pytest.approx(8.0, rel=1e-5)
+    assert half_lives(model_with(), batches()) == []
