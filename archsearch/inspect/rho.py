@@ -62,9 +62,11 @@ class RhoProfile:
     def rows(self) -> list[dict]:
         """(layer, metric, value) rows for the store; non-finite values left out."""
         out = []
-        for metric in ("rho", "input_error", "output_error", "predicted", "measured"):
-            out += [dict(layer=index, metric=metric, value=value)
-                    for index, value in enumerate(getattr(self, metric)) if math.isfinite(value)]
+        for index in range(len(self.rho)):
+            for metric in ("rho", "input_error", "output_error", "predicted", "measured"):
+                values = getattr(self, metric)
+                if index < len(values) and math.isfinite(values[index]):
+                    out.append(dict(layer=index, metric=metric, value=values[index]))
         if math.isfinite(self.spearman()):
             out.append(dict(layer=None, metric="spearman", value=self.spearman()))
         return out
