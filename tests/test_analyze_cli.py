@@ -117,3 +117,17 @@ def test_user_errors_are_one_line(store, args, message):
     result = analyze(*args, "--store", str(store), *CALIB)
     assert result.exit_code == 2 and message in result.output
     assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_the_report_draws_rho_per_layer_and_perplexity_against_layers_removed(store, tmp_path):
+    from archsearch_dashboards.report import write_report
+
+    from archsearch.inspect.runs import Calibration, analyze_prune, analyze_rho
+
+    calib = Calibration(batches=1, batch_size=2)
+    analyze_rho("stack", store=store, calib=calib)
+    analyze_prune("stack", store=store, max_removed=1, calib=calib)
+    with A.open_store(store, read_only=True) as db:
+        page = write_report(db, tmp_path / "r.html").read_text()
+    assert "Error contraction: rho per layer" in page and "perplexity vs layers removed" in page
+    assert "stack, by blend" in page
