@@ -112,9 +112,14 @@ def test_exit_curve_with_and_without_adaptation(store):
     (["rho", "stack", "--mode", "fp4"], "unknown rho mode 'fp4'"),
     (["exit", "looped", "--thresholds", "0.5,2"], "must be in (0, 1]"),
     (["probe", "stack", "--state", "hidden:9"], "hidden:0 .. hidden:4"),
-], ids=["prune-looped", "exit-stack", "unknown-trial", "unknown-mode", "bad-threshold", "bad-state"])
+    (["prune", "stack", "--max-removed", "4"], "max_removed must be in 1 .. 3"),
+    (["rho", "stack", "--noise", "0"], "noise must be > 0"),
+    (["wanda", "stack", "--sparsity", "1.0"], "sparsity must be in [0, 1)"),
+    (["rho", "stack", "--batches", "0"], "at least one batch"),
+], ids=["prune-looped", "exit-stack", "unknown-trial", "unknown-mode", "bad-threshold", "bad-state",
+        "remove-all", "no-noise", "full-sparsity", "no-batches"])
 def test_user_errors_are_one_line(store, args, message):
-    result = analyze(*args, "--store", str(store), *CALIB)
+    result = analyze(*args[:2], "--store", str(store), *CALIB, *args[2:])
     assert result.exit_code == 2 and message in result.output
     assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
 

@@ -245,3 +245,20 @@ def test_half_lives_follow_the_decay_parameters():
     assert rows["half_life_head_1"] == pytest.approx(2.0, rel=1e-5)
     assert rows["half_life_max"] == pytest.approx(8.0, rel=1e-5)
     assert half_lives(model_with(), batches()) == []
+
+
+def test_rho_and_probes_read_a_memory_model_and_a_gpn_state():
+    from tests.zoo.cases_recurrent import gpn
+    from tests.zoo.cases_structures import memory
+
+    torch.manual_seed(0)
+    calib = batches()
+    with_memory = build_model(memory(vocab=32, placement=1, slots=3, segment=4)).eval()
+    profile = error_contraction(with_memory, calib, measure=False)
+    assert len(profile.rho) == 3 and all(math.isfinite(r) and r > 0 for r in profile.rho)
+    state = run_probe(build_model(gpn(vocab=32, layers=1)).eval(), calib, state="gpn", target="position")
+    assert state.width == 40 and state.tokens == 2 * 3 * 8
+    with pytest.raises(ValueError, match="needs a GPN model"):
+        run_probe(model_with(), calib, state="gpn")
+    with pytest.raises(ValueError, match="this model is 'gpn'"):
+        error_contraction(build_model(gpn(vocab=32, layers=1)), calib)

@@ -17,6 +17,8 @@ from torch import nn
 
 from archsearch.data import Batch, make_source
 from archsearch.inspect._trace import perplexity, tokens_per_second, trace
+from archsearch.inspect.early_exit import adapt_cache_holes, exit_curve, exit_point
+from archsearch.inspect.probes import ProbeResult, fit_probe, half_lives, ridge, run_probe
 from archsearch.inspect.prune import block_influence, depth_pruning, layer_scores, rank_layers, remove_layers
 from archsearch.inspect.rho import RhoProfile, error_contraction, spearman
 from archsearch.inspect.wanda import compare_schedules, compress_model, sparsity_schedule, zero_fraction
@@ -51,7 +53,8 @@ def calibration(trial_id: str, *, store: str | Path = "archsearch.duckdb", batch
 
 
 __all__ = [
-    "RhoProfile", "block_influence", "calibration", "compare_schedules", "compress_model", "depth_pruning",
-    "error_contraction", "layer_scores", "load_trained", "perplexity", "rank_layers", "remove_layers",
+    "ProbeResult", "RhoProfile", "adapt_cache_holes", "block_influence", "calibration", "compare_schedules",
+    "compress_model", "depth_pruning", "error_contraction", "exit_curve", "exit_point", "fit_probe", "half_lives",
+    "layer_scores", "load_trained", "perplexity", "rank_layers", "remove_layers", "ridge", "run_probe",
     "sparsity_schedule", "spearman", "tokens_per_second", "trace", "zero_fraction",
 ]

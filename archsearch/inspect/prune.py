@@ -53,13 +53,18 @@ def rank_layers(*, rho: list[float], bi: list[float], by: str, alpha: float = 0.
     return sorted(range(len(score)), key=lambda index: (score[index], -index))
 
 
-def remove_layers(model: nn.Module, drop: set[int] | list[int]) -> nn.Module:
-    """A copy of a stack model without the layers ``drop``; the rest keep their weights and order."""
+def check_stack(model: nn.Module) -> None:
+    """A ValueError unless ``model`` is a stack model (the only structure layers can be removed from)."""
     spec = getattr(model, "spec", None)
     if spec is None or spec.structure != "stack":
         raise ValueError(f"depth pruning removes layers of stack models only; this model is "
                          f"'{getattr(spec, 'structure', type(model).__name__)}'")
-    drop = set(drop)
+
+
+def remove_layers(model: nn.Module, drop: set[int] | list[int]) -> nn.Module:
+    """A copy of a stack model without the layers ``drop``; the rest keep their weights and order."""
+    check_stack(model)
+    spec, drop = model.spec, set(drop)
     kept = [index for index in range(spec.num_layers) if index not in drop]
     if not kept:
         raise ValueError("cannot remove every layer")
@@ -81,9 +86,11 @@ def depth_pruning(model: nn.Module, batches: list[Batch], *, rankings: tuple[str
     """Rows (ranking, removed, layers, perplexity, tokens_per_s) for k = 0 .. max_removed
     (default L // 2) layers removed per ranking; k = 0 is the whole model.
     ``scores``: ``layer_scores`` already computed."""
-    if getattr(getattr(model, "spec", None), "structure", None) != "stack":
-        remove_layers(model, [])  # the one-line refusal
-    max_removed = model.spec.num_layers // 2 if max_removed is None else max_removed
+    check_stack(model)
+    count = model.spec.num_layers
+    max_removed = count // 2 if max_removed is None else max_removed
+    if not 1 <= max_removed < count:
+        raise ValueError(f"max_removed must be in 1 .. {count - 1} for a {count}-layer model, got {max_removed}")
     scores = scores or layer_scores(model, batches)
     whole = dict(removed=0, layers=[], perplexity=perplexity(model, batches),
                  tokens_per_s=tokens_per_second(model, batches, repeats=repeats))

@@ -81,6 +81,8 @@ def error_contraction(model: nn.Module, batches: list[Batch], *, mode: str = "no
     """
     if mode not in MODES:
         raise ValueError(f"unknown rho mode {mode!r}; choose one of {', '.join(MODES)}")
+    if mode == "noise" and not noise > 0:
+        raise ValueError(f"noise must be > 0 (the injected error's size relative to the hidden state), got {noise}")
     model.eval()
     count = len(layers_of(model))
     reference = [trace(model, _tokens(model, b)) for b in batches]

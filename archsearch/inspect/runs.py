@@ -8,7 +8,7 @@ rerun with the same setting replaces it and another setting sits beside it.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from archsearch.inspect import early_exit, probes, prune, rho, wanda
@@ -28,12 +28,18 @@ class Calibration:
             raise ValueError(f"calibration needs at least one batch of one row, got {self.batches} x {self.batch_size}")
 
 
-def _load(trial_id: str, store: str | Path, calib: Calibration, split: str = "val"):
-    from archsearch.inspect import calibration, load_trained
+def _batches(trial_id: str, store: str | Path, calib: Calibration, split: str = "val"):
+    from archsearch.inspect import calibration
 
-    model = load_trained(trial_id, store=store)
-    return model, calibration(trial_id, store=store, batches=calib.batches, batch_size=calib.batch_size,
-                              seed=calib.seed, split=split)
+    return calibration(trial_id, store=store, batches=calib.batches, batch_size=calib.batch_size, seed=calib.seed,
+                       split=split)
+
+
+def _load(trial_id: str, store: str | Path, calib: Calibration):
+    """The trained model and its calibration batches."""
+    from archsearch.inspect import load_trained
+
+    return load_trained(trial_id, store=store), _batches(trial_id, store, calib)
 
 
 def _record(store: str | Path, trial_id: str, analysis: str, calib: Calibration, rows: list[dict]) -> list[dict]:
@@ -57,7 +63,7 @@ def analyze_prune(trial_id: str, *, store: str | Path, max_removed: int | None =
     """Perplexity and tokens/s per ranking and number of layers removed (which ones: a ``dropped``
     row per layer), and the per-layer scores the rankings read."""
     model, batches = _load(trial_id, store, calib)
-    prune.remove_layers(model, [])  # refuse a non-stack model before any work
+    prune.check_stack(model)
     scores = prune.layer_scores(model, batches)
     rows = [dict(setting={"scores": True}, layer=index, metric=name, value=value)
             for name, values in scores.items() for index, value in enumerate(values)]
@@ -87,8 +93,7 @@ def analyze_exit(trial_id: str, *, store: str | Path, thresholds: tuple[float, .
     early_exit.check_exit_model(model)
     models = {False: model}
     if adapt_steps > 0:
-        train = _load(trial_id, store, Calibration(batches=adapt_steps, batch_size=calib.batch_size,
-                                                   seed=calib.seed), split="train")[1]
+        train = _batches(trial_id, store, replace(calib, batches=adapt_steps), split="train")
         models[True] = early_exit.adapt_cache_holes(model, train, cache_hole=cache_hole, lr=lr, seed=calib.seed)
     rows = []
     for adapted, which in models.items():
