@@ -266,7 +266,7 @@ def analyze_exit(trial_id: TrialArg, store: StoreOpt = DEFAULT_STORE,
 @analyze_app.command("probe")
 @user_errors
 def analyze_probe(trial_id: TrialArg, store: StoreOpt = DEFAULT_STORE,
-                  state: Annotated[str, typer.Option(help="comma-separated: hidden:LAYER or gpn")] = "hidden:0",
+                  state: Annotated[str, typer.Option(help="comma-separated: hidden:LAYER, gpn or memory")] = "hidden:0",
                   target: Annotated[str, typer.Option(help="comma-separated: position or lag:K")] = "position",
                   baseline: Annotated[Optional[str], typer.Option(help="another trial, probed the same way")] = None,
                   lam: Annotated[float, typer.Option(help="ridge penalty")] = 1e-3,

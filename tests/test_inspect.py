@@ -23,7 +23,7 @@ from archsearch.inspect import (
     zero_fraction,
 )
 from archsearch.inspect.early_exit import adapt_cache_holes, exit_curve
-from archsearch.inspect.probes import fit_probe, half_lives, ridge, run_probe
+from archsearch.inspect.probes import fit_probe, half_lives, ridge, run_probe, states_of
 from archsearch.inspect.wanda import input_norms, linears, prune_rows
 
 SPEC = ArchSpec(family="transformer", vocab_size=32, d_model=16, num_heads=2,
@@ -256,6 +256,10 @@ def test_rho_and_probes_read_a_memory_model_and_a_gpn_state():
     with_memory = build_model(memory(vocab=32, placement=1, slots=3, segment=4)).eval()
     profile = error_contraction(with_memory, calib, measure=False)
     assert len(profile.rho) == 3 and all(math.isfinite(r) and r > 0 for r in profile.rho)
+    slots = states_of(with_memory, calib[0].inputs, "memory")  # 3 slots of 16, segments of 4 tokens
+    assert slots.shape == (3, 8, 48)
+    assert torch.equal(slots[:, 0], slots[:, 3]) and not torch.equal(slots[:, 3], slots[:, 4])
+    assert run_probe(with_memory, calib, state="memory", target="position").width == 48
     state = run_probe(build_model(gpn(vocab=32, layers=1)).eval(), calib, state="gpn", target="position")
     assert state.width == 40 and state.tokens == 2 * 3 * 8
     with pytest.raises(ValueError, match="needs a GPN model"):

@@ -8,7 +8,9 @@ columns for a token (``lag:k``, the token k places back). The states:
 
 - ``hidden:l``: the hidden state entering layer l (``hidden:L`` is the last
   layer's output), for stack and memory models;
-- ``gpn``: the GPN predicted state s^p_t.
+- ``gpn``: the GPN predicted state s^p_t;
+- ``memory``: the memory slots a token's segment reads (memory models),
+  flattened to M x S features; every token of a segment shares them.
 
 Run the same probe on a baseline trial's hidden states to compare.
 
@@ -31,6 +33,7 @@ from torch import nn
 
 from archsearch.arch.blocks.gated_deltanet import GatedDeltaNet
 from archsearch.arch.blocks.mamba import Mamba
+from archsearch.arch.structures.memory import RecurrentMemory
 from archsearch.data import Batch
 from archsearch.inspect._trace import layers_of, trace
 
@@ -85,14 +88,32 @@ def states_of(model: nn.Module, tokens_BT: torch.Tensor, state: str) -> torch.Te
         if not hasattr(model, "states"):
             raise ValueError(f"state 'gpn' needs a GPN model; this one is '{model.spec.structure}'")
         return model.states(tokens_BT).float()
+    if state == "memory":
+        return _memory_slots(model, tokens_BT)
     name, _, index = state.partition(":")
     if name != "hidden" or not index.isdigit():
-        raise ValueError(f"unknown probe state {state!r}; use hidden:LAYER (0 .. L) or gpn")
+        raise ValueError(f"unknown probe state {state!r}; use hidden:LAYER (0 .. L), gpn or memory")
     count, layer = len(layers_of(model)), int(index)
     if layer > count:
         raise ValueError(f"probe state {state!r}: the model has {count} layers (hidden:0 .. hidden:{count})")
     run = trace(model, tokens_BT)
     return run.outputs[-1] if layer == count else run.inputs[layer]
+
+
+def _memory_slots(model: nn.Module, tokens_BT: torch.Tensor) -> torch.Tensor:
+    """The slots each token's segment reads, [B, T, M * S]."""
+    memory = getattr(model, "memory", None)
+    if not isinstance(memory, RecurrentMemory):
+        raise ValueError(f"state 'memory' needs a memory model; this one is '{model.spec.structure}'")
+    captured = []
+    handle = memory.register_forward_hook(lambda module, args, out: captured.append(out[1]))
+    try:
+        model(tokens_BT)
+    finally:
+        handle.remove()
+    states_BKMS = captured[0]
+    segment_T = torch.arange(tokens_BT.shape[1], device=tokens_BT.device) // memory.segment
+    return states_BKMS[:, segment_T].flatten(2).float()
 
 
 def targets_of(tokens_BT: torch.Tensor, target: str) -> tuple[torch.Tensor, torch.Tensor, bool]:
