@@ -116,8 +116,9 @@ def test_exit_curve_with_and_without_adaptation(store):
     (["rho", "stack", "--noise", "0"], "noise must be > 0"),
     (["wanda", "stack", "--sparsity", "1.0"], "sparsity must be in [0, 1)"),
     (["rho", "stack", "--batches", "0"], "at least one batch"),
+    (["wanda", "stack", "--spread", "2"], "spread must be in [-1, 1]"),
 ], ids=["prune-looped", "exit-stack", "unknown-trial", "unknown-mode", "bad-threshold", "bad-state",
-        "remove-all", "no-noise", "full-sparsity", "no-batches"])
+        "remove-all", "no-noise", "full-sparsity", "no-batches", "bad-spread"])
 def test_user_errors_are_one_line(store, args, message):
     result = analyze(*args[:2], "--store", str(store), *CALIB, *args[2:])
     assert result.exit_code == 2 and message in result.output

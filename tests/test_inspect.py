@@ -64,6 +64,9 @@ def test_identity_has_rho_one_and_a_half_scale_rho_half():
     assert profile.rho[1] == pytest.approx(1.0, abs=1e-6)
     assert profile.rho[2] == pytest.approx(0.5, abs=1e-6)
     assert profile.rho[0] != pytest.approx(1.0, abs=1e-3)  # a real layer moves the error
+    # relative to the hidden state, a layer that only scales changes nothing
+    assert profile.rho_relative[1] == pytest.approx(1.0, abs=1e-6)
+    assert profile.rho_relative[2] == pytest.approx(1.0, abs=1e-6)
 
 
 def test_predicted_amplification_matches_the_measured_drift_for_linear_layers():

@@ -5,6 +5,10 @@ input is h~ and output y~, ``rho = ||y~ - f(h)|| / ||h~ - h||``: below one the
 layer absorbs an error, above one it grows it. Norms are Frobenius norms over
 every calibration token (papers.md leaves the estimator open; a ratio of sums
 does not let a few near-zero tokens dominate as a mean of ratios would).
+The abstract leaves open too whether the errors are absolute or relative to
+the hidden state's norm (its v1 credits residual connections with growing the
+hidden state faster than the error); ``rho`` is the ratio of absolute errors
+and ``rho_relative`` the ratio of relative ones, both kept.
 
 Two forward passes give every layer's rho: the reference, and one with
 
@@ -54,6 +58,12 @@ class RhoProfile:
     predicted: list[float]
     measured: list[float] = field(default_factory=list)
 
+    @property
+    def rho_relative(self) -> list[float]:
+        """The ratio of relative errors, output_error / input_error: below one where the hidden
+        state grows faster than the error (a layer that only scales its input has 1)."""
+        return [o / i if i > 0 else math.nan for i, o in zip(self.input_error, self.output_error)]
+
     def spearman(self) -> float:
         """Rank correlation of predicted and measured amplification (NaN with under three layers)."""
         pairs = [(p, m) for p, m in zip(self.predicted, self.measured) if math.isfinite(p) and math.isfinite(m)]
@@ -63,7 +73,7 @@ class RhoProfile:
         """(layer, metric, value) rows for the store; non-finite values left out."""
         out = []
         for index in range(len(self.rho)):
-            for metric in ("rho", "input_error", "output_error", "predicted", "measured"):
+            for metric in ("rho", "rho_relative", "input_error", "output_error", "predicted", "measured"):
                 values = getattr(self, metric)
                 if index < len(values) and math.isfinite(values[index]):
                     out.append(dict(layer=index, metric=metric, value=values[index]))

@@ -111,10 +111,13 @@ def sparsity_schedule(kind: str, sparsity: float, sizes: list[int], *, spread: f
 
     ``uniform``: ``sparsity`` everywhere. ``depth``: a linear ramp from
     ``(1 - spread)`` to ``(1 + spread)`` times the mean, early layers pruned
-    least, rescaled so the pruned weights add up to the uniform schedule's.
+    least, rescaled so the pruned weights add up to the uniform schedule's
+    (a negative ``spread``, in [-1, 1], prunes early layers most).
     """
     if kind not in SCHEDULES:
         raise ValueError(f"unknown schedule {kind!r}; choose one of {', '.join(SCHEDULES)}")
+    if not -1 <= spread <= 1:
+        raise ValueError(f"spread must be in [-1, 1], got {spread}")
     count = len(sizes)
     if kind == "uniform" or count == 1:
         return [sparsity] * count
