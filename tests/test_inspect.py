@@ -24,7 +24,7 @@ from archsearch.inspect import (
 )
 from archsearch.inspect.early_exit import adapt_cache_holes, exit_curve
 from archsearch.inspect.probes import fit_probe, half_lives, ridge, run_probe, states_of
-from archsearch.inspect.wanda import input_norms, linears, prune_rows
+from archsearch.inspect.wanda import compress_layer, input_norms, linears, prune_rows
 
 SPEC = ArchSpec(family="transformer", vocab_size=32, d_model=16, num_heads=2,
                 layers=tuple(LayerSpec(mlp_width=32) for _ in range(4)))
@@ -127,19 +127,24 @@ def test_wanda_at_half_leaves_exactly_half_of_each_row():
 
 
 def test_wanda_keeps_the_weights_of_loud_inputs():
-    """A small weight on a loud input outscores a large weight on a quiet one
-    (magnitude pruning would drop it). Mutation: scoring by |W| alone fails."""
-    linear = nn.Linear(4, 1, bias=False)
-    with torch.no_grad():
-        linear.weight.copy_(torch.tensor([[0.1, 1.0, 0.2, 0.9]]))
-    x_NI = torch.randn(64, 4) * torch.tensor([100.0, 1.0, 100.0, 1.0])
-    norms = input_norms(linear, lambda: linear(x_NI))
-    weight = linear.weight.detach().clone()
-    prune_rows(weight, weight.abs() * norms[linear][None, :], 0.5)
-    assert (weight[0] != 0).tolist() == [True, False, True, False]
+    """A small weight on a loud input outscores a large weight on a quiet one;
+    magnitude pruning drops it. Mutation: Wanda scoring by |W| alone fails."""
+    def layer() -> nn.Module:
+        module = nn.Sequential(nn.Linear(4, 1, bias=False))
+        with torch.no_grad():
+            module[0].weight.copy_(torch.tensor([[0.1, 1.0, 0.2, 0.9]]))
+        return module
+
+    x_NI = torch.randn(64, 4, generator=torch.Generator().manual_seed(0)) * torch.tensor([100.0, 1.0, 100.0, 1.0])
+    wanda_layer, magnitude_layer = layer(), layer()
+    compress_layer(wanda_layer, method="wanda", sparsity=0.5, norms=input_norms(wanda_layer, lambda: wanda_layer(x_NI)))
+    compress_layer(magnitude_layer, method="magnitude", sparsity=0.5)
+    assert (wanda_layer[0].weight[0] != 0).tolist() == [True, False, True, False]
+    assert (magnitude_layer[0].weight[0] != 0).tolist() == [False, True, False, True]
 
 
 def test_wanda_reads_each_layers_inputs_through_the_pruned_layers_before_it():
+    """Mutation: reading every layer's input norms from the dense model first fails."""
     model, calib = model_with(), batches()
     pruned = compress_model(model, calib, method="wanda", sparsity=0.5)
     # by hand: layer 0 pruned on the dense inputs, layer 1's norms read after that
