@@ -255,6 +255,22 @@ def test_half_lives_follow_the_decay_parameters():
     assert half_lives(model_with(), batches()) == []
 
 
+def test_mamba_half_lives_are_ln2_over_delta_times_a():
+    spec = ArchSpec(family="mamba", vocab_size=32, d_model=16, num_heads=2,
+                    layers=(LayerSpec(mixer="mamba", mlp="none", mlp_width=0),))
+    torch.manual_seed(0)
+    model = build_model(spec).eval()
+    mixer = model.layers[0].mixer
+    with torch.no_grad():
+        mixer.dt_proj.weight.zero_()
+        mixer.dt_bias.fill_(math.log(math.e - 1))  # delta = softplus(dt_bias) = 1 for every token
+        mixer.A_log.fill_(math.log(4.0))
+        mixer.A_log[:, 0] = 0.0  # A = 1 in the first state column
+    rows = {r["metric"]: r["value"] for r in half_lives(model, batches())}
+    assert rows["half_life_max"] == pytest.approx(math.log(2), rel=1e-5)
+    assert rows["half_life_min"] == pytest.approx(math.log(2) / 4, rel=1e-5)
+
+
 def test_rho_and_probes_read_a_memory_model_and_a_gpn_state():
     from tests.zoo.cases_recurrent import gpn
     from tests.zoo.cases_structures import memory
