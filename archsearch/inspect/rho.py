@@ -15,7 +15,9 @@ Two forward passes give every layer's rho: the reference, and one with
 - ``noise``: Gaussian noise of relative size ``noise`` (times the RMS of the
   hidden state) added at the first layer's input, carried through the rest;
 - ``wanda`` / ``magnitude`` / ``int8``: the whole model compressed
-  (``wanda.compress_model``); the first layer has no input error, so no rho.
+  (``wanda.compress_model``); the first layer has no input error, so no rho,
+  and each later layer's output error also holds what its own compression
+  adds, so there rho is propagation plus that layer's share.
 
 An error entering layer t is then predicted to reach the last layer scaled by
 the product of rho over layers t.. L-1 (noise; for compression, the error is
