@@ -47,6 +47,8 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str):
+    if name == "inspect":  # A.inspect.load_trained(...) and the analyses; imports torch, so only on use
+        return importlib.import_module("archsearch.inspect")
     if name in _EXPORTS:
         return getattr(importlib.import_module(_EXPORTS[name]), name)
     raise AttributeError(f"module 'archsearch' has no attribute {name!r}")

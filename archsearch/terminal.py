@@ -291,3 +291,23 @@ def _fmt(value) -> str:
     if isinstance(value, float):
         return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:#.4g}"
     return plain(value)
+
+
+def profile_table(title: str, rows: list[dict], keys: list[str], fold: str | None = None) -> None:
+    """Stored analysis rows, one line per setting (the ``keys`` of it shown) and layer, one column per
+    metric; the layers of the per-layer metric ``fold`` are listed in one column of their setting's line."""
+    lines: dict[tuple, dict] = {}
+    metrics: list[str] = []
+    for row in rows:
+        where = tuple(row["setting"].get(key) for key in keys)
+        if row["metric"] == fold:
+            lines.setdefault(where + (None,), {}).setdefault(fold, []).append(row["layer"])
+            continue
+        lines.setdefault(where + (row["layer"],), {})[row["metric"]] = row["value"]
+    for values in lines.values():
+        metrics += [metric for metric in values if metric not in metrics]
+    table = _table(title, [*keys, "layer", *metrics], text=tuple(keys))
+    for where, values in lines.items():
+        table.add_row(*(_fmt(str(v) if isinstance(v, bool) else v) for v in where),
+                      *(_fmt(values.get(m)) for m in metrics))
+    _print(console(), table, wide=False)

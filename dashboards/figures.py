@@ -115,6 +115,39 @@ def comparison_figure(rows: list[dict], *, y: str = "val_loss") -> go.Figure:
     return fig
 
 
+def profile_figures(profiles: list[dict]) -> list[go.Figure]:
+    """From stored analyses of trained trials (``layer_profiles`` rows, ``setting``
+    decoded): rho per layer, and perplexity against layers removed; only those
+    the rows hold."""
+    figures = []
+    rho = [p for p in profiles if p["analysis"] == "rho" and p["metric"] == "rho"]
+    if rho:
+        figures.append(_lines(rho, x=lambda p: p["layer"], label=lambda p: f"{p['trial_id']}, {p['setting']['mode']}",
+                              title="Error contraction: rho per layer", x_title="layer", y_title="rho"))
+    removed = [p for p in profiles if p["analysis"] == "prune" and p["metric"] == "perplexity"]
+    if removed:
+        figures.append(_lines(removed, x=lambda p: p["setting"]["removed"],
+                              label=lambda p: f"{p['trial_id']}, by {p['setting']['ranking']}",
+                              title="Depth pruning: perplexity vs layers removed", x_title="layers removed",
+                              y_title="perplexity"))
+    return figures
+
+
+def _lines(points: list[dict], *, x, label, title: str, x_title: str, y_title: str) -> go.Figure:
+    groups: dict[str, list[dict]] = defaultdict(list)
+    for point in points:
+        groups[label(point)].append(point)
+    fig = go.Figure()
+    for name, members in sorted(groups.items()):
+        members.sort(key=x)
+        fig.add_trace(go.Scatter(x=[x(p) for p in members], y=[p["value"] for p in members], mode="lines+markers",
+                                 name=name))
+    fig.update_xaxes(title=x_title, dtick=1)
+    fig.update_yaxes(title=y_title)
+    fig.update_layout(title=title, template="plotly_white")
+    return fig
+
+
 def _title(column: str) -> str:
     return {"params": "non-embedding parameters", "val_loss": "validation loss",
             "flops_per_token": "training FLOPs per token"}.get(column, column)

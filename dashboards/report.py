@@ -15,6 +15,7 @@ from archsearch_dashboards.figures import (
     comparison_figure,
     curves_figure,
     pareto_figure,
+    profile_figures,
     scaling_figure,
     varying_axes,
 )
@@ -35,6 +36,14 @@ def completed_rows(store: Store, study: str | None) -> list[dict]:
     return rows
 
 
+def profile_rows(store: Store, trial_ids: set[str]) -> list[dict]:
+    """The stored analyses (``archsearch analyze``) of these trials, ``setting`` decoded."""
+    rows = [r for r in store.layer_profiles().to_pylist() if r["trial_id"] in trial_ids]
+    for row in rows:
+        row["setting"] = json.loads(row["setting"])
+    return rows
+
+
 def write_report(store: Store, path: str | Path, *, study: str | None = None) -> Path:
     """Write the report of ``study`` (all studies if None) to ``path``; returns it."""
     rows = completed_rows(store, study)
@@ -43,6 +52,7 @@ def write_report(store: Store, path: str | Path, *, study: str | None = None) ->
     metrics = store.metrics(study).to_pylist()
     figures = [scaling_figure(rows), comparison_figure(rows), pareto_figure(rows, objectives=DEFAULT_OBJECTIVES),
                curves_figure(rows, metrics)]
+    figures += profile_figures(profile_rows(store, {r["trial_id"] for r in rows}))
     parts = [pio.to_html(fig, full_html=False, include_plotlyjs=(i == 0), default_height="520px")
              for i, fig in enumerate(figures)]
     title = f"archsearch report: {study or 'all studies'}"

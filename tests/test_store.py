@@ -37,7 +37,7 @@ def test_round_trip(tmp_path):
         files = store.export_parquet(tmp_path / "pq")
     assert pq.read_table(tmp_path / "pq" / "trials.parquet").num_rows == 2
     assert [f.stem for f in files] == ["studies", "study_versions", "trials", "study_trials", "metrics", "trial_rungs",
-                                       "search_proposals", "fidelity_ladders"]
+                                       "search_proposals", "fidelity_ladders", "layer_profiles"]
 
 
 def test_registering_again_keeps_finished_results(tmp_path):
@@ -223,3 +223,16 @@ def test_a_grown_grid_keeps_every_trial_id_it_had(tmp_path):
     study.write_text(base % ("20000, 40000", "[0, 1]"))
     after = {t.trial_id for t in A.plan(A.load_study(study))}
     assert before < after and len(after) == 3 * 2 * 2
+
+
+def test_layer_profiles_replace_one_setting_and_keep_the_others(tmp_path):
+    path = tmp_path / "s.duckdb"
+    with A.open_store(path) as store:
+        assert store.layer_profiles().num_rows == 0
+        rows = [dict(setting={"mode": "noise"}, layer=i, metric="rho", value=0.5 + i) for i in range(3)]
+        store.record_profile("a", "rho", rows + [dict(setting={"mode": "int8"}, layer=None, metric="spearman",
+                                                      value=0.9)])
+        store.record_profile("a", "rho", [dict(setting={"mode": "noise"}, layer=0, metric="rho", value=2.0)])
+        got = store.layer_profiles("a", "rho").to_pylist()
+    assert [(r["layer"], r["metric"], r["value"]) for r in got] == [(None, "spearman", 0.9), (0, "rho", 2.0)]
+    assert '"mode"' in got[1]["setting"]

@@ -29,7 +29,15 @@ from archsearch.store.runlock import run_alive
 # Bump when a table changes shape; an older store is refused with a clear line.
 SCHEMA_VERSION = 2
 
-SCHEMA = """
+# Analyses of trained models (archsearch.inspect), one row per layer or setting
+# and metric. Created on first write too, so stores made before it gain it.
+LAYER_PROFILES = """
+CREATE TABLE IF NOT EXISTS layer_profiles (
+    trial_id VARCHAR, analysis VARCHAR, setting JSON, layer INTEGER, metric VARCHAR, value DOUBLE,
+    code_version VARCHAR, created_at TIMESTAMPTZ);
+"""
+
+SCHEMA = LAYER_PROFILES + """
 CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR);
 CREATE TABLE IF NOT EXISTS studies (
     name VARCHAR PRIMARY KEY, path VARCHAR, config JSON, code_version VARCHAR,
@@ -66,7 +74,7 @@ CREATE TABLE IF NOT EXISTS metrics (
 
 # Every table of the store, in the order export writes them.
 TABLES = ("studies", "study_versions", "trials", "study_trials", "metrics", "trial_rungs", "search_proposals",
-          "fidelity_ladders")
+          "fidelity_ladders", "layer_profiles")
 
 
 @lru_cache(maxsize=1)
@@ -331,7 +339,31 @@ class Store:
             con.execute("INSERT OR REPLACE INTO fidelity_ladders VALUES (?, ?, ?, ?, ?, ?)",
                         [study, ladder["points"], ladder["spearman"], ladder["low"], ladder["high"], _now()])
 
+    def record_profile(self, trial_id: str, analysis: str, rows: list[dict], *,
+                       con: duckdb.DuckDBPyConnection | None = None) -> None:
+        """An analysis of a trained trial: rows of ``setting`` (a dict), ``layer``
+        (None for the whole model), ``metric`` and ``value``. Rows already stored
+        for the same trial, analysis and setting are replaced."""
+        now = _now()
+        blobs = [json.dumps(row.get("setting") or {}, sort_keys=True) for row in rows]
+        with self._within(con) as con:
+            for blob in set(blobs):
+                con.execute("DELETE FROM layer_profiles WHERE trial_id = ? AND analysis = ? "
+                            "AND setting::VARCHAR = ?", [trial_id, analysis, blob])
+            if rows:
+                con.executemany("INSERT INTO layer_profiles VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                                [[trial_id, analysis, blob, row.get("layer"), row["metric"], float(row["value"]),
+                                  code_version(), now] for row, blob in zip(rows, blobs)])
+
     # reading
+
+    def layer_profiles(self, trial_id: str | None = None, analysis: str | None = None) -> pa.Table:
+        """Stored analyses of trained trials (``record_profile`` rows), optionally of one trial or analysis."""
+        given = {"trial_id": trial_id, "analysis": analysis}
+        where = " AND ".join(f"{name} = ?" for name, value in given.items() if value is not None) or "TRUE"
+        return self.sql(f"SELECT * FROM layer_profiles WHERE {where} "
+                        "ORDER BY trial_id, analysis, setting::VARCHAR, layer NULLS FIRST, metric",
+                        [value for value in given.values() if value is not None])
 
     def ladders(self, study: str | None = None) -> pa.Table:
         """Each study's probe-to-data rank correlation (fidelity ladders only)."""
