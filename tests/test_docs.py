@@ -45,3 +45,26 @@ def test_every_study_key_is_on_the_page():
     page = (DOCS / "dsl.md").read_text()
     for name in Study.model_fields:
         assert f"| `{name}` |" in page, name
+
+
+def test_every_figure_in_performance_md_names_the_command_that_made_it():
+    """Each top-level section of docs/performance.md that states measured
+    figures (a table, or a number with a unit) shows the command that
+    produced them, and that command's script exists."""
+    import re
+
+    root = DOCS.parent
+    text = (DOCS / "performance.md").read_text()
+    sections = re.split(r"^# ", text, flags=re.M)[1:]
+    assert sections
+    for section in sections:
+        title = section.splitlines()[0]
+        figures = re.search(r"^\|.*\d", section, flags=re.M) or re.search(r"\d+(\.\d+)?\s?(s|ms|x)\b", section)
+        if not figures:
+            continue
+        commands = re.findall(r"^```\n((?:python|archsearch) [^\n]+)\n```", section, flags=re.M)
+        assert commands, f"section '{title}' states figures but names no command"
+        for command in commands:
+            words = command.split()
+            if words[0] == "python":
+                assert (root / words[1]).is_file(), f"section '{title}': {words[1]} does not exist"
