@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from archsearch.execute.preflight import preflight_kernels
 from archsearch.planner import plan
 from archsearch.search import Job, Searcher
 from archsearch.space.schema import Study
@@ -51,6 +52,7 @@ def run_study(study: Study, *, store: str | Path = "archsearch.duckdb", address:
             planned, skipped = len(trials), len(trials) - searcher.expected
         completed = failed = 0
         if not searcher.exhausted:
+            preflight_kernels(study.name, db, [t.spec for t in trials] if grid else None)
             completed, failed = _run_on_ray(searcher, db, study, store=store, address=address,
                                             max_parallel=max_parallel, show_progress=show_progress)
         _store_search_records(searcher, db, study.name)

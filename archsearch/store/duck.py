@@ -228,7 +228,17 @@ class Store:
         self.db.execute("INSERT OR REPLACE INTO fidelity_ladders VALUES (?, ?, ?, ?, ?, ?)",
                         [study, ladder["points"], ladder["spearman"], ladder["low"], ladder["high"], _now()])
 
+    def record_kernel_preflight(self, study: str, failures: dict[str, str]) -> None:
+        """The kernels a study's preflight found broken on its device, {op: why}; those ops ran
+        their PyTorch path. Kept in meta (no new table, so stores stay readable across versions)."""
+        self.db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", [f"kernel_preflight:{study}", json.dumps(failures)])
+
     # reading
+
+    def kernel_preflight(self, study: str) -> dict[str, str]:
+        """The last preflight's failures for `study` ({} when all passed or none ran)."""
+        rows = self.db.execute("SELECT value FROM meta WHERE key = ?", [f"kernel_preflight:{study}"]).fetchall()
+        return json.loads(rows[0][0]) if rows else {}
 
     def ladders(self, study: str | None = None) -> pa.Table:
         """Each study's probe-to-data rank correlation (fidelity ladders only)."""
