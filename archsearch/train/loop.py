@@ -161,7 +161,7 @@ def training_loss(model: torch.nn.Module, batch, *, gate_only: bool = False) -> 
     if own is not None:
         return own(batch.inputs, batch.targets)
     if _fused_loss_applies(model, batch.inputs.device):
-        return kernel_dispatch.linear_cross_entropy(model.hidden(batch.inputs), model.head_weight(),
+        return kernel_dispatch.linear_cross_entropy(model.head_input(batch.inputs), model.head_weight(),
                                                     batch.targets, ignore_index=IGNORE)
     return _loss(model(batch.inputs), batch.targets)
 

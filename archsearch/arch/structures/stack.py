@@ -68,9 +68,9 @@ class LanguageModel(nn.Module):
         raise NotImplementedError
 
     def forward(self, tokens_BT: torch.Tensor) -> torch.Tensor:
-        return self.hidden(tokens_BT) @ self.head_weight().T
+        return self.head_input(tokens_BT) @ self.head_weight().T
 
-    def hidden(self, tokens_BT: torch.Tensor) -> torch.Tensor:
+    def head_input(self, tokens_BT: torch.Tensor) -> torch.Tensor:
         """The normed last states [B, T, D] the head reads (the fused loss takes them directly)."""
         return self.norm(self.body(self.embed(tokens_BT)))
 
