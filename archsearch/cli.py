@@ -215,7 +215,8 @@ def bench(study: StudyArg,
     for row in result["rows"]:
         table.add_row(str(row["trial"]), row["family"], row["impl"], row["kernels"], f"{row['params']:,}",
                       f"{row['step_ms']:.1f}", f"{row['tokens_per_s']:,.0f}", f"{row['mfu']:.1%}", f"{row['peak_mb']:.0f}")
-    Console().print(table)
+    # wide enough that no column is cut when the output is not a terminal
+    Console(width=max(Console().width, 120)).print(table)
 
 
 if __name__ == "__main__":

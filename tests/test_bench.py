@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from archsearch.arch.spec import ArchSpec, LayerSpec
@@ -32,7 +33,7 @@ def test_bench_reports_each_planned_trial(tiny_study):
         # MFU is the step's training FLOP/s over the matmul's, both measured here
         achieved = row["tokens_per_s"] * trial.flops_per_token
         assert row["mfu"] == pytest.approx(achieved / (report["matmul_tflops"] * 1e12))
-        assert row["peak_mb"] > 0
+        assert row["peak_mb"] > 4 * 4 * trial.total_params / 2**20  # weights, grads, AdamW moments and more
 
 
 def test_bench_one_trial_and_the_errors_a_user_can_make(tiny_study):
@@ -54,12 +55,12 @@ def test_rounds_interleave_every_configuration(monkeypatch):
 
     def config(name):
         return bench._Config(row=dict(trial=0, trial_id=name, family="f", impl="archsearch", kernels="off", params=1),
-                             step=lambda: order.append(name), tokens=1, flops=1.0)
+                             model=torch.nn.Linear(1, 1), step=lambda: order.append(name), tokens=1, flops=1.0)
 
     monkeypatch.setattr(bench, "_configs", lambda *a, **k: [config("a"), config("b")])
     monkeypatch.setattr(bench, "_matmul_step", lambda device, dtype: (lambda: order.append("matmul"), 1.0))
     bench.bench_trials([], [], rounds=2, warmup=1, device="cpu")
-    assert order == ["matmul", "a", "b"] * 3
+    assert order == ["a", "b"] + ["matmul", "a", "b"] * 3  # first the untimed memory count
 
 
 def uniform_spec(mixer: str, mlp: str, width: int) -> ArchSpec:
@@ -89,3 +90,14 @@ def test_no_equivalent_for_uneven_widths_or_other_structures():
     from dataclasses import replace
 
     assert bench.hf_equivalent(replace(spec, structure="looped"), seq_len=16) is None
+
+
+def test_cpu_step_memory_counts_saved_activations():
+    """The memory count grows with what the step saves for backward: 4x the batch, about 4x the
+    activations on top of the same weight state."""
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
+    state_mb = 4 * sum(p.numel() for p in model.parameters()) * 4 / 2**20
+    small, large = torch.randn(32, 64), torch.randn(128, 64)
+    mb_small = bench._cpu_step_mb(model, lambda: model(small).sum().backward())
+    mb_large = bench._cpu_step_mb(model, lambda: model(large).sum().backward())
+    assert (mb_large - state_mb) == pytest.approx(4 * (mb_small - state_mb), rel=0.05)

@@ -15,9 +15,7 @@ Dimensions: B batch, T time, V vocabulary.
 
 from __future__ import annotations
 
-import resource
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -45,7 +43,7 @@ class BenchRow:
     step_ms: float
     tokens_per_s: float
     mfu: float  # achieved training FLOP/s over the bare matmul's
-    peak_mb: float  # CUDA: max allocated during its steps; CPU: the process's peak RSS so far
+    peak_mb: float  # CUDA: max allocated in a step; CPU: weights, grads, AdamW moments and saved activations
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -54,6 +52,7 @@ class BenchRow:
 @dataclass(frozen=True)
 class _Config:
     row: dict  # BenchRow fields but the timings
+    model: torch.nn.Module
     step: Callable[[], None]
     tokens: int
     flops: float  # training FLOPs of one step
@@ -140,13 +139,13 @@ def _configs(trials: list, indices: list[int], *, device: torch.device, kernels:
             model = build_model(trial.spec).to(device)
             mode = "triton" if setting == "on" else "reference"
             configs.append(_Config(row=dict(base, impl="archsearch", kernels=setting, params=_count(model)),
-                                   step=_archsearch_step(model, data, mode, autocast), tokens=batch * seq_len,
+                                   model=model, step=_archsearch_step(model, data, mode, autocast), tokens=batch * seq_len,
                                    flops=flops))
         hf = hf_equivalent(trial.spec, seq_len) if compare_hf else None
         if hf is not None:
             impl, model = hf
             configs.append(_Config(row=dict(base, impl=impl, kernels="-", params=_count(model.to(device))),
-                                   step=_hf_step(model, data, autocast), tokens=batch * seq_len, flops=flops))
+                                   model=model, step=_hf_step(model, data, autocast), tokens=batch * seq_len, flops=flops))
     return configs
 
 
@@ -161,12 +160,24 @@ def _matmul_step(device: torch.device, dtype: torch.dtype) -> tuple[Callable[[],
     return (lambda: a @ b), 2.0 * n**3
 
 
-def _peak_mb(device: torch.device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    # ru_maxrss is in KiB on Linux and bytes on macOS
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return rss / (2**20 if sys.platform == "darwin" else 2**10)
+def _cpu_step_mb(model: torch.nn.Module, step: Callable[[], None]) -> float:
+    """What one training step holds at its peak, on a CPU: the weights with their gradients and
+    AdamW's two moments, plus every tensor saved for the backward (counted once per storage,
+    weights left out). The process's peak RSS cannot tell interleaved configurations apart, and
+    the saved activations are what the kernels change (the fused loss saves no logits)."""
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in weights:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        step()
+    state = sum(4 * p.numel() * p.element_size() for p in model.parameters())
+    return (state + sum(saved.values())) / 2**20
 
 
 def bench_trials(trials: list, indices: list[int], *, rounds: int = 5, warmup: int = 1, kernels: list[str] | None = None,
@@ -192,6 +203,8 @@ def bench_trials(trials: list, indices: list[int], *, rounds: int = 5, warmup: i
     steps = [matmul] + [config.step for config in configs]
     times: list[list[float]] = [[] for _ in steps]
     peaks = [0.0] * len(steps)
+    if dev.type == "cpu":  # one untimed step each, counted (the hook would slow a timed one)
+        peaks[1:] = [_cpu_step_mb(config.model, config.step) for config in configs]
     for round_index in range(warmup + rounds):
         for i, step in enumerate(steps):
             if dev.type == "cuda":
@@ -202,7 +215,8 @@ def bench_trials(trials: list, indices: list[int], *, rounds: int = 5, warmup: i
             _sync(dev)
             if round_index >= warmup:
                 times[i].append(time.perf_counter() - start)
-            peaks[i] = max(peaks[i], _peak_mb(dev))
+            if dev.type == "cuda":
+                peaks[i] = max(peaks[i], torch.cuda.max_memory_allocated(dev) / 2**20)
     peak_flops = matmul_flops / statistics.median(times[0])
     rows = []
     for config, took, peak in zip(configs, times[1:], peaks[1:]):
