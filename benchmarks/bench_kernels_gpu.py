@@ -167,18 +167,19 @@ def main() -> None:
     impls["torch-chunked"] = selective_scan_chunked
     bench_op("selective_scan", impls, scan_inputs, args.repeats, rows, delta_softplus=True)
 
-    fla_gdr = optional("fla.ops.gated_delta_rule", "chunk_gated_delta_rule")
-    if fla_gdr is not None:
-        from archsearch_kernels.gated_delta import gated_delta_rule_chunked
+    from archsearch_kernels.gated_delta import gated_delta_rule_chunked, gated_delta_rule_triton
 
-        h, k = 8, 128
-        gdr_inputs = dict(q=F.normalize(torch.randn(b, t, h, k, device=dev), dim=-1).to(bf16).requires_grad_(),
-                          k=F.normalize(torch.randn(b, t, h, k, device=dev), dim=-1).to(bf16).requires_grad_(),
-                          v=leaf(b, t, h, k), g=F.logsigmoid(3 + torch.randn(b, t, h, device=dev)).requires_grad_(),
-                          beta=torch.rand(b, t, h, device=dev).to(bf16).requires_grad_())
-        bench_op("gated_delta_rule", {"fla": lambda **kw: fla_gdr(**kw)[0],
-                                      "torch-chunked": lambda **kw: gated_delta_rule_chunked(**kw)[0]},
-                 gdr_inputs, args.repeats, rows)
+    h, k = 8, 128
+    gdr_inputs = dict(q=F.normalize(torch.randn(b, t, h, k, device=dev), dim=-1).to(bf16).requires_grad_(),
+                      k=F.normalize(torch.randn(b, t, h, k, device=dev), dim=-1).to(bf16).requires_grad_(),
+                      v=leaf(b, t, h, k), g=F.logsigmoid(3 + torch.randn(b, t, h, device=dev)).requires_grad_(),
+                      beta=torch.rand(b, t, h, device=dev).to(bf16).requires_grad_())
+    impls = {"triton": gated_delta_rule_triton}
+    fla_gdr = optional("fla.ops.gated_delta_rule", "chunk_gated_delta_rule")
+    if fla_gdr is not None:  # fla scales q by K^-1/2 unless told otherwise; ours never does
+        impls["fla"] = lambda **kw: fla_gdr(**kw, scale=1.0)[0]
+    impls["torch-chunked"] = gated_delta_rule_chunked
+    bench_op("gated_delta_rule", impls, gdr_inputs, args.repeats, rows)
 
     if args.json:
         with open(args.json, "w") as f:

@@ -27,13 +27,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .gated_delta import gated_delta_rule_chunked, gated_delta_rule_naive, gated_delta_rule_triton
 from .linear_cross_entropy import linear_cross_entropy_naive, linear_cross_entropy_triton
 from .rmsnorm import rms_norm_naive, rms_norm_triton
 from .selective_scan import selective_scan_chunked, selective_scan_naive, selective_scan_triton
 from .swiglu import swiglu_naive, swiglu_triton
 
 MODES = ("auto", "triton", "reference")
-OPS = ("rms_norm", "swiglu", "selective_scan", "linear_cross_entropy")
+OPS = ("rms_norm", "swiglu", "selective_scan", "gated_delta_rule", "linear_cross_entropy")
 MODE_VAR, DISABLE_VAR = "ARCHSEARCH_KERNELS", "ARCHSEARCH_KERNELS_DISABLE"
 
 
@@ -107,6 +108,14 @@ def selective_scan(*args, **kwargs):
     return selective_scan_chunked(*args, **kwargs)
 
 
+def gated_delta_rule(*args, **kwargs):
+    """Gated delta rule; the arguments and return of `gated_delta_rule_naive`."""
+    q = args[0] if args else kwargs["q"]
+    if use_triton("gated_delta_rule", q.device):
+        return gated_delta_rule_triton(*args, **kwargs)
+    return gated_delta_rule_chunked(*args, **kwargs)
+
+
 def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
                          ignore_index: int = -100) -> torch.Tensor:
     """Mean cross-entropy of ``x @ weight.T`` over the rows whose target is not `ignore_index`."""
@@ -136,6 +145,10 @@ def _probe_inputs(op: str, device: torch.device) -> dict[str, torch.Tensor]:
         return dict(gate=randn(3, 37, 130), up=randn(3, 37, 130))
     if op == "linear_cross_entropy":
         return dict(x=randn(75, 48), weight=randn(1000, 48))
+    if op == "gated_delta_rule":
+        return dict(q=randn(2, 77, 3, 32), k=F.normalize(torch.randn(2, 77, 3, 32, generator=gen), dim=-1).to(device),
+                    v=randn(2, 77, 3, 40), g=F.logsigmoid(2 + torch.randn(2, 77, 3, generator=gen)).to(device),
+                    beta=torch.rand(2, 77, 3, generator=gen).to(device))
     return dict(u=randn(2, 40, 77), delta=randn(2, 40, 77), A=-torch.rand(40, 16, generator=gen).to(device),
                 B=randn(2, 16, 77), C=randn(2, 16, 77), D=randn(40), z=randn(2, 40, 77))
 
@@ -156,6 +169,7 @@ PAIRS = {
     "rms_norm": (rms_norm_triton, rms_norm_naive),
     "swiglu": (swiglu_triton, swiglu_naive),
     "selective_scan": (selective_scan_triton, selective_scan_naive),
+    "gated_delta_rule": (gated_delta_rule_triton, gated_delta_rule_naive),
     "linear_cross_entropy": (linear_cross_entropy_triton, linear_cross_entropy_naive),
 }
 
@@ -196,5 +210,6 @@ def preflight(ops: Iterable[str], device: torch.device | str) -> dict[str, str]:
     return failures
 
 
-__all__ = ["MODES", "OPS", "RMSNorm", "check", "disable", "disabled", "forced", "linear_cross_entropy", "mode",
+__all__ = ["MODES", "OPS", "RMSNorm", "check", "disable", "disabled", "forced", "gated_delta_rule",
+           "linear_cross_entropy", "mode",
            "preflight", "rms_norm", "selective_scan", "swiglu", "use_triton"]

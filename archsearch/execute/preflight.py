@@ -13,8 +13,8 @@ from archsearch.arch.spec import ArchSpec
 
 
 def kernels_used(specs: Iterable[ArchSpec]) -> list[str]:
-    """The dispatched ops these models run: RMSNorm and the fused loss always, SwiGLU and the
-    selective scan where a layer has them."""
+    """The dispatched ops these models run: RMSNorm and the fused loss always, SwiGLU, the
+    selective scan and the gated delta rule where a layer has them."""
     ops = {"rms_norm", "linear_cross_entropy"}
     for spec in specs:
         for layer in spec.layers:
@@ -22,6 +22,8 @@ def kernels_used(specs: Iterable[ArchSpec]) -> list[str]:
                 ops.add("swiglu")
             if layer.mixer == "mamba":
                 ops.add("selective_scan")
+            if layer.mixer == "gated_deltanet":
+                ops.add("gated_delta_rule")
     return sorted(ops)
 
 

@@ -45,8 +45,11 @@ def test_auto_takes_pytorch_on_cpu_and_a_bad_setting_is_named(monkeypatch):
         dispatch.use_triton("rms_norm", "cpu")
 
 
-@pytest.mark.parametrize("mixer, mlp", [("attention", "swiglu"), ("mamba", "none")], ids=["transformer", "mamba"])
-def test_model_loss_and_gradients_are_the_same_with_kernels_on(mixer, mlp, monkeypatch, triton_kernels):
+@pytest.mark.parametrize("mixer, mlp, kernel", [("attention", "swiglu", "swiglu_triton"),
+                                                ("mamba", "none", "selective_scan_triton"),
+                                                ("gated_deltanet", "none", "gated_delta_rule_triton")],
+                         ids=["transformer", "mamba", "gated-deltanet"])
+def test_model_loss_and_gradients_are_the_same_with_kernels_on(mixer, mlp, kernel, monkeypatch, triton_kernels):
     """A training loss through every kernel (RMSNorm, SwiGLU or the scan, fused linear + CE)
     equals the PyTorch path's, and so does every parameter's gradient."""
     pytest.importorskip("triton")
@@ -60,7 +63,7 @@ def test_model_loss_and_gradients_are_the_same_with_kernels_on(mixer, mlp, monke
         monkeypatch.setenv(dispatch.MODE_VAR, setting)
         calls = []
         if setting == "triton":  # the kernels really ran
-            for name in ("rms_norm_triton", "linear_cross_entropy_triton"):
+            for name in ("rms_norm_triton", "linear_cross_entropy_triton", kernel):
                 real = getattr(dispatch, name)
                 monkeypatch.setattr(dispatch, name, lambda *a, _real=real, _name=name, **k: calls.append(_name)
                                     or _real(*a, **k))
@@ -69,7 +72,7 @@ def test_model_loss_and_gradients_are_the_same_with_kernels_on(mixer, mlp, monke
         loss.backward()
         results[setting] = (loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()})
         if setting == "triton":
-            assert {"rms_norm_triton", "linear_cross_entropy_triton"} <= set(calls)
+            assert {"rms_norm_triton", "linear_cross_entropy_triton", kernel} <= set(calls)
     assert_close("loss", results["reference"][0], results["triton"][0], 1e-5)
     for name, grad in results["reference"][1].items():
         assert_close(f"grad {name}", grad, results["triton"][1][name], 1e-4)
@@ -111,10 +114,12 @@ def test_study_preflight_records_the_failure_in_the_store(tmp_path, monkeypatch,
     specs = [tiny_spec("attention", "swiglu"), tiny_spec("attention", "swiglu")]
     assert kernels_used(specs) == ["linear_cross_entropy", "rms_norm", "swiglu"]
     assert "selective_scan" in kernels_used([tiny_spec("mamba", "none")])
+    assert "gated_delta_rule" in kernels_used([tiny_spec("gated_deltanet", "none")])
     wrong = (lambda gate, up: gate * up, dispatch.PAIRS["swiglu"][1])
     monkeypatch.setitem(dispatch.PAIRS, "swiglu", wrong)
     # the scan is not used by these models: a broken scan kernel must not be checked or disabled
     monkeypatch.setitem(dispatch.PAIRS, "selective_scan", (None, None))
+    monkeypatch.setitem(dispatch.PAIRS, "gated_delta_rule", (None, None))
     warnings = []
     with open_store(tmp_path / "s.duckdb") as db:
         failures = preflight_kernels("tiny", db, specs, device="cpu", warn=warnings.append)

@@ -20,6 +20,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest
+from archsearch_kernels.gated_delta import gated_delta_rule_naive, gated_delta_rule_triton
 from archsearch_kernels.linear_cross_entropy import (
     linear_cross_entropy_naive,
     linear_cross_entropy_triton,
@@ -147,3 +148,33 @@ def test_selective_scan_optional_arguments_left_out(triton_kernels):
     full = scan_inputs((2, 5, 3, 9, 4), triton_kernels)
     bare = {name: full[name] for name in ("u", "delta", "A", "B", "C")}
     assert_grads_agree(selective_scan_naive(**bare), selective_scan_triton(**bare, chunk_size=4), bare)
+
+
+GDR_SHAPES = [  # batch, time, heads, key dim, value dim, chunk
+    pytest.param((1, 1, 1, 4, 4, 4), id="T1"),
+    pytest.param((2, 7, 2, 5, 3, 16), id="T7-below-one-chunk-K5-V3"),
+    pytest.param((1, 13, 2, 8, 6, 4), id="T13-ragged-last-chunk"),
+    pytest.param((1, 5, 1, 16, 300, 4), id="V300-two-value-blocks"),
+]
+
+
+@pytest.mark.parametrize("shape", GDR_SHAPES)
+def test_gated_delta_rule_matches_reference(shape, triton_kernels):
+    b, t, h, k, v, chunk = shape
+    inputs = leaves(triton_kernels, q=torch.randn(b, t, h, k),
+                    k=torch.nn.functional.normalize(torch.randn(b, t, h, k), dim=-1), v=torch.randn(b, t, h, v),
+                    g=torch.nn.functional.logsigmoid(2 + torch.randn(b, t, h)), beta=torch.rand(b, t, h),
+                    initial_state=torch.randn(b, h, k, v))
+
+    def run(rule, **kwargs):
+        return lambda **kw: rule(**kw, return_last_state=True, **kwargs)
+
+    assert_same_outputs_and_grads(run(gated_delta_rule_naive), run(gated_delta_rule_triton, chunk_size=chunk),
+                                  inputs, ATOL)
+
+
+def test_gated_delta_rule_without_initial_state(triton_kernels):
+    b, t, h, k, v = 2, 9, 2, 4, 5
+    inputs = leaves(triton_kernels, q=torch.randn(b, t, h, k), k=torch.nn.functional.normalize(torch.randn(b, t, h, k), dim=-1),
+                    v=torch.randn(b, t, h, v), g=-torch.rand(b, t, h), beta=torch.rand(b, t, h))
+    assert_grads_agree(gated_delta_rule_naive(**inputs), gated_delta_rule_triton(**inputs, chunk_size=4), inputs)
