@@ -128,3 +128,13 @@ def test_study_preflight_records_the_failure_in_the_store(tmp_path, monkeypatch,
         assert dispatch.disabled() == {"swiglu"}
         assert preflight_kernels("other", db, specs, device="cpu", warn=warnings.append) == {}
         assert db.kernel_preflight("other") == {}
+
+
+def test_a_bad_setting_stops_the_study_before_any_trial(tmp_path, monkeypatch):
+    """The driver's preflight reads the setting first, so a typo ends `run` with one line
+    (a ValueError, exit 2 in the CLI) instead of failing every trial in its worker."""
+    from archsearch.execute.preflight import preflight_kernels
+
+    monkeypatch.setenv(dispatch.MODE_VAR, "fast")
+    with pytest.raises(ValueError, match="must be one of auto, triton, reference"):
+        preflight_kernels("tiny", db=None, specs=[tiny_spec("attention", "swiglu")], device="cpu")
