@@ -2,6 +2,8 @@
 
     python benchmarks/bench_kernels_gpu.py                     # B 8, T 2048, d 1024, bf16
     python benchmarks/bench_kernels_gpu.py --json out.json     # also write the rows as JSON
+    TRITON_INTERPRET=1 python benchmarks/bench_kernels_gpu.py --device cpu --dtype float32 \
+        --batch 1 --seq-len 8 --d-model 16 --vocab 50 --repeats 1    # smoke run, no GPU (tests/test_bench.py)
 
 Needs a CUDA device and triton. For each op it first checks the kernel against the
 reference on this device in bf16 (the CPU tests run fp32 in Triton's interpreter, which
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import time
 from collections.abc import Callable
 
 import torch
@@ -32,21 +35,31 @@ from archsearch_kernels.swiglu import swiglu_triton
 
 
 def timed_ms(fns: dict[str, Callable[[], object]], repeats: int, warmup: int = 3) -> dict[str, float]:
-    """Median ms of each callable, the callables interleaved round by round."""
+    """Median ms of each callable, the callables interleaved round by round (CUDA events on a
+    GPU, the wall clock on the CPU smoke run)."""
     times: dict[str, list[float]] = {name: [] for name in fns}
+    cuda = torch.cuda.is_available()
     for round_index in range(warmup + repeats):
         for name, fn in fns.items():
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize()
+            if cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                torch.cuda.synchronize()
+                took = start.elapsed_time(end)
+            else:
+                began = time.perf_counter()
+                fn()
+                took = 1e3 * (time.perf_counter() - began)
             if round_index >= warmup:
-                times[name].append(start.elapsed_time(end))
+                times[name].append(took)
     return {name: statistics.median(values) for name, values in times.items()}
 
 
 def peak_mb(fn: Callable[[], object]) -> float:
+    if not torch.cuda.is_available():
+        return 0.0
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
@@ -115,19 +128,23 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--d-model", type=int, default=1024)
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--vocab", type=int, nargs="+", default=[32000, 128256])
+    parser.add_argument("--device", default="cuda", help="cpu only for a smoke run under TRITON_INTERPRET=1")
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--json", default=None, help="also write the rows here")
     args = parser.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("bench_kernels_gpu.py needs a CUDA device")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("bench_kernels_gpu.py needs a CUDA device (or --device cpu under TRITON_INTERPRET=1)")
     torch.manual_seed(0)
-    dev, bf16 = "cuda", torch.bfloat16
+    dev, bf16 = args.device, getattr(torch, args.dtype)
+    device_name = torch.cuda.get_device_name() if dev == "cuda" else "cpu"
     b, t, d = args.batch, args.seq_len, args.d_model
     rows: list[dict] = []
 
     def leaf(*shape, dtype=bf16, scale=1.0):
         return (scale * torch.randn(*shape, device=dev)).to(dtype).requires_grad_()
 
-    print(f"{torch.cuda.get_device_name()}  B {b}  T {t}  d {d}  bf16", flush=True)
+    print(f"{device_name}  B {b}  T {t}  d {d}  {args.dtype}", flush=True)
 
     norm_inputs = dict(x=leaf(b, t, d), weight=leaf(d, dtype=torch.float32))
     impls = {"triton": lambda x, weight: rms_norm_triton(x, weight, 1e-6)}
@@ -137,14 +154,14 @@ def main() -> None:
     impls["torch"] = lambda x, weight: F.rms_norm(x, (d,), weight, 1e-6)
     bench_op("rms_norm", impls, norm_inputs, args.repeats, rows)
 
-    width = 256 * round(8 / 3 * d / 256)
+    width = max(8, 256 * round(8 / 3 * d / 256))
     gate_up = leaf(b, t, 2 * width)
     glu_inputs = dict(gate_up=gate_up)
     bench_op("swiglu", {"triton": lambda gate_up: swiglu_triton(*gate_up.chunk(2, -1)),
                         "torch": lambda gate_up: F.silu(gate_up.chunk(2, -1)[0]) * gate_up.chunk(2, -1)[1]},
              glu_inputs, args.repeats, rows)
 
-    for vocab in (32000, 128256):
+    for vocab in args.vocab:
         ce_inputs = dict(x=leaf(b * t, d), weight=leaf(vocab, d, scale=0.02))
         targets = torch.randint(0, vocab, (b * t,), device=dev)
         impls = {"triton": lambda x, weight: linear_cross_entropy_triton(x, weight, targets)}
@@ -163,13 +180,15 @@ def main() -> None:
     impls = {"triton": selective_scan_triton}
     mamba_scan = optional("mamba_ssm.ops.selective_scan_interface", "selective_scan_fn")
     if mamba_scan is not None:
-        impls["mamba_ssm"] = lambda **kw: mamba_scan(**{k: v.contiguous() if v.dim() == 3 else v for k, v in kw.items()})
+        # mamba-ssm wants [B, E, T] contiguous in T
+        impls["mamba_ssm"] = lambda **kw: mamba_scan(**{k: v.contiguous() if isinstance(v, torch.Tensor) and v.dim() == 3
+                                                        else v for k, v in kw.items()})
     impls["torch-chunked"] = selective_scan_chunked
     bench_op("selective_scan", impls, scan_inputs, args.repeats, rows, delta_softplus=True)
 
     from archsearch_kernels.gated_delta import gated_delta_rule_chunked, gated_delta_rule_triton
 
-    h, k = 8, 128
+    h, k = 8, min(128, d)
     gdr_inputs = dict(q=F.normalize(torch.randn(b, t, h, k, device=dev), dim=-1).to(bf16).requires_grad_(),
                       k=F.normalize(torch.randn(b, t, h, k, device=dev), dim=-1).to(bf16).requires_grad_(),
                       v=leaf(b, t, h, k), g=F.logsigmoid(3 + torch.randn(b, t, h, device=dev)).requires_grad_(),
@@ -183,7 +202,7 @@ def main() -> None:
 
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(device=torch.cuda.get_device_name(), batch=b, seq_len=t, d_model=d, rows=rows), f, indent=2)
+            json.dump(dict(device=device_name, dtype=args.dtype, batch=b, seq_len=t, d_model=d, rows=rows), f, indent=2)
 
 
 if __name__ == "__main__":

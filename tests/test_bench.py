@@ -101,3 +101,26 @@ def test_cpu_step_memory_counts_saved_activations():
     mb_small = bench._cpu_step_mb(model, lambda: model(small).sum().backward())
     mb_large = bench._cpu_step_mb(model, lambda: model(large).sum().backward())
     assert (mb_large - state_mb) == pytest.approx(4 * (mb_small - state_mb), rel=0.05)
+
+
+@pytest.mark.slow
+def test_the_prepared_gpu_script_runs_end_to_end_in_the_interpreter(tmp_path):
+    """benchmarks/bench_kernels_gpu.py is run for the first time on a lent GPU with minutes of
+    budget: here it runs at toy sizes on the CPU, every kernel through Triton's interpreter, and
+    each kernel agrees with the PyTorch path it is timed against."""
+    pytest.importorskip("triton")
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_kernels_gpu.py"
+    out = tmp_path / "rows.json"
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    subprocess.run([sys.executable, str(script), "--device", "cpu", "--dtype", "float32", "--batch", "1", "--seq-len", "8",
+                    "--d-model", "16", "--vocab", "50", "--repeats", "1", "--json", str(out)], check=True, env=env,
+                   capture_output=True)
+    rows = json.loads(out.read_text())["rows"]
+    kernels = {row["op"]: row for row in rows if row["impl"] == "triton"}
+    assert set(kernels) == {"rms_norm", "swiglu", "linear_cross_entropy_V50", "selective_scan", "gated_delta_rule"}
+    assert all(row["rel_error_vs_reference"] < 1e-4 for row in kernels.values())

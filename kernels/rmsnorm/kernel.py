@@ -16,6 +16,8 @@ result does not depend on scheduling).
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -67,11 +69,11 @@ class _RMSNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         width = x.shape[-1]
-        x_RD = x.reshape(-1, width).contiguous()
+        x_RD = x.reshape(math.prod(x.shape[:-1]), width).contiguous()  # not -1: a zero width would be ambiguous
         rows = x_RD.shape[0]
         y_RD = torch.empty_like(x_RD)
         rstd_R = torch.empty(rows, device=x.device, dtype=torch.float32)
-        if rows:
+        if x_RD.numel():
             _rms_norm_fwd[(rows,)](x_RD, weight.contiguous(), y_RD, rstd_R, width, eps, BLOCK_D=_block(width))
         ctx.save_for_backward(x_RD, weight, rstd_R)
         return y_RD.view(x.shape)
@@ -85,7 +87,7 @@ class _RMSNorm(torch.autograd.Function):
         # enough programs to fill a GPU, few enough that the partials stay small
         programs = max(1, min(rows, 4 * _multiprocessors(x_RD.device)))
         dw_partial_GD = torch.empty(programs, width, device=x_RD.device, dtype=torch.float32)
-        if rows:
+        if x_RD.numel():
             _rms_norm_bwd[(programs,)](dy_RD, x_RD, weight.contiguous(), rstd_R, dx_RD, dw_partial_GD,
                                        rows, triton.cdiv(rows, programs), width,
                                        BLOCK_D=_block(width))

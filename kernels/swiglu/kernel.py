@@ -12,6 +12,8 @@ The backward recomputes s from gate rather than saving silu(gate).
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -48,7 +50,7 @@ def _swiglu_bwd(dh_ptr, gate_ptr, up_ptr, dgate_ptr, dup_ptr, width, gate_row_st
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
     """[..., F] -> [R, F] without a copy when the last axis is contiguous."""
-    x_RF = x.reshape(-1, x.shape[-1])
+    x_RF = x.reshape(math.prod(x.shape[:-1]), x.shape[-1])  # not -1: a zero width would be ambiguous
     return x_RF if x_RF.stride(-1) == 1 else x_RF.contiguous()
 
 
@@ -61,9 +63,9 @@ class _SwiGLU(torch.autograd.Function):
     def forward(ctx, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         gate_RF, up_RF = _rows(gate), _rows(up)
         rows, width = gate_RF.shape
-        block = min(BLOCK_F, triton.next_power_of_2(width))
+        block = min(BLOCK_F, triton.next_power_of_2(max(width, 1)))
         h_RF = torch.empty(rows, width, device=gate.device, dtype=gate.dtype)
-        if rows:
+        if h_RF.numel():
             _swiglu_fwd[_grid(rows, width, block)](gate_RF, up_RF, h_RF, width, gate_RF.stride(0),
                                                    up_RF.stride(0), BLOCK=block)
         ctx.save_for_backward(gate_RF, up_RF)
@@ -74,11 +76,11 @@ class _SwiGLU(torch.autograd.Function):
     def backward(ctx, dh: torch.Tensor):
         gate_RF, up_RF = ctx.saved_tensors
         rows, width = gate_RF.shape
-        block = min(BLOCK_F, triton.next_power_of_2(width))
+        block = min(BLOCK_F, triton.next_power_of_2(max(width, 1)))
         dh_RF = dh.reshape(rows, width).contiguous()
         dgate_RF = torch.empty(rows, width, device=dh.device, dtype=gate_RF.dtype)
         dup_RF = torch.empty(rows, width, device=dh.device, dtype=ctx.up_dtype)
-        if rows:
+        if dh_RF.numel():
             _swiglu_bwd[_grid(rows, width, block)](dh_RF, gate_RF, up_RF, dgate_RF, dup_RF, width,
                                                    gate_RF.stride(0), up_RF.stride(0), BLOCK=block)
         return dgate_RF.view(ctx.shape), dup_RF.view(ctx.shape)

@@ -48,13 +48,14 @@ def assert_grads_agree(ref: torch.Tensor, out: torch.Tensor, inputs: dict[str, t
         assert_close(f"grad {name}", grad_ref, grad_out, ATOL)
 
 
-@pytest.mark.parametrize("shape", [(1, 1), (3, 7), (2, 5, 33), (4, 130)], ids=["R1-D1", "R3-D7", "R10-D33", "R4-D130"])
+@pytest.mark.parametrize("shape", [(1, 1), (3, 7), (2, 5, 33), (4, 130), (0, 8)],
+                         ids=["R1-D1", "R3-D7", "R10-D33", "R4-D130", "R0-no-rows"])
 def test_rms_norm_matches_reference(shape, triton_kernels):
     inputs = leaves(triton_kernels, x=3 * torch.randn(shape), weight=1 + torch.randn(shape[-1]))
     assert_grads_agree(rms_norm_naive(**inputs, eps=1e-5), rms_norm_triton(**inputs, eps=1e-5), inputs)
 
 
-@pytest.mark.parametrize("shape", [(1, 1), (3, 7), (2, 3, 1030)], ids=["R1-F1", "R3-F7", "R6-F1030-two-blocks"])
+@pytest.mark.parametrize("shape", [(1, 1), (3, 7), (2, 3, 1030), (2, 0)], ids=["R1-F1", "R3-F7", "R6-F1030-two-blocks", "F0"])
 def test_swiglu_matches_reference(shape, triton_kernels):
     inputs = leaves(triton_kernels, gate=2 * torch.randn(shape), up=torch.randn(shape))
     assert_grads_agree(swiglu_naive(**inputs), swiglu_triton(**inputs), inputs)
