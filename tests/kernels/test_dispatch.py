@@ -53,11 +53,11 @@ def test_model_loss_and_gradients_are_the_same_with_kernels_on(mixer, mlp, kerne
     """A training loss through every kernel (RMSNorm, SwiGLU or the scan, fused linear + CE)
     equals the PyTorch path's, and so does every parameter's gradient."""
     pytest.importorskip("triton")
-    model = build_model(tiny_spec(mixer, mlp))
+    model = build_model(tiny_spec(mixer, mlp)).to(triton_kernels)
     tokens = torch.randint(0, 50, (2, 9))
     targets = torch.randint(0, 50, (2, 9))
     targets[0, :3] = -100
-    batch = Batch(inputs=tokens, targets=targets)
+    batch = Batch(inputs=tokens.to(triton_kernels), targets=targets.to(triton_kernels))
     results = {}
     for setting in ("reference", "triton"):
         monkeypatch.setenv(dispatch.MODE_VAR, setting)
@@ -88,12 +88,12 @@ def test_preflight_turns_a_wrong_kernel_off_and_the_op_falls_back(monkeypatch, t
 
     monkeypatch.setitem(dispatch.PAIRS, "swiglu", (lambda gate, up: gate * up, dispatch.PAIRS["swiglu"][1]))
     monkeypatch.setitem(dispatch.PAIRS, "linear_cross_entropy", (broken, dispatch.PAIRS["linear_cross_entropy"][1]))
-    failures = dispatch.preflight(["rms_norm", "swiglu", "linear_cross_entropy"], "cpu")
+    failures = dispatch.preflight(["rms_norm", "swiglu", "linear_cross_entropy"], triton_kernels)
     assert set(failures) == {"swiglu", "linear_cross_entropy"}
     assert "output differs from the reference" in failures["swiglu"]
     assert failures["linear_cross_entropy"].endswith("RuntimeError: PTX assembly aborted")
     assert dispatch.disabled() == {"swiglu", "linear_cross_entropy"}
-    assert dispatch.use_triton("rms_norm", "cpu") and not dispatch.use_triton("swiglu", "cpu")
+    assert dispatch.use_triton("rms_norm", triton_kernels) and not dispatch.use_triton("swiglu", triton_kernels)
     monkeypatch.setattr(dispatch, "swiglu_triton", broken)
     gate, up = torch.randn(3, 5), torch.randn(3, 5)
     assert torch.equal(dispatch.swiglu(gate, up), torch.nn.functional.silu(gate) * up)
@@ -122,11 +122,11 @@ def test_study_preflight_records_the_failure_in_the_store(tmp_path, monkeypatch,
     monkeypatch.setitem(dispatch.PAIRS, "gated_delta_rule", (None, None))
     warnings = []
     with open_store(tmp_path / "s.duckdb") as db:
-        failures = preflight_kernels("tiny", db, specs, device="cpu", warn=warnings.append)
+        failures = preflight_kernels("tiny", db, specs, device=triton_kernels, warn=warnings.append)
         assert set(failures) == {"swiglu"} and db.kernel_preflight("tiny") == failures
         assert warnings == [f"warning: {failures['swiglu']}; using the PyTorch path for it"]
         assert dispatch.disabled() == {"swiglu"}
-        assert preflight_kernels("other", db, specs, device="cpu", warn=warnings.append) == {}
+        assert preflight_kernels("other", db, specs, device=triton_kernels, warn=warnings.append) == {}
         assert db.kernel_preflight("other") == {}
 
 

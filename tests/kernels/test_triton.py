@@ -179,3 +179,29 @@ def test_gated_delta_rule_without_initial_state(triton_kernels):
     inputs = leaves(triton_kernels, q=torch.randn(b, t, h, k), k=torch.nn.functional.normalize(torch.randn(b, t, h, k), dim=-1),
                     v=torch.randn(b, t, h, v), g=-torch.rand(b, t, h), beta=torch.rand(b, t, h))
     assert_grads_agree(gated_delta_rule_naive(**inputs), gated_delta_rule_triton(**inputs, chunk_size=4), inputs)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 kernels are checked on a GPU only (the interpreter's bf16 is wrong)")
+def test_bf16_on_a_gpu_matches_the_fp32_reference():
+    """In bf16 each kernel stays within bf16 rounding of the fp32 reference, forward and gradients."""
+    torch.manual_seed(0)
+    dev, bf16 = "cuda", torch.bfloat16
+
+    def pair(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        low = x.to(dev, bf16).requires_grad_()
+        return low, low.detach().float().requires_grad_()
+
+    cases = {
+        "rms_norm": (rms_norm_naive, rms_norm_triton, [torch.randn(4, 77, 300), torch.randn(300)]),
+        "swiglu": (swiglu_naive, swiglu_triton, [torch.randn(4, 77, 300), torch.randn(4, 77, 300)]),
+    }
+    for name, (reference, kernel, tensors) in cases.items():
+        pairs = [pair(x) for x in tensors]
+        low = kernel(*(p[0] for p in pairs))
+        high = reference(*(p[1] for p in pairs))
+        assert_close(f"{name} output", high, low.float(), 3e-2)
+        grads_low = torch.autograd.grad(low.float().sum(), [p[0] for p in pairs])
+        grads_high = torch.autograd.grad(high.sum(), [p[1] for p in pairs])
+        for i, (g_high, g_low) in enumerate(zip(grads_high, grads_low)):
+            assert_close(f"{name} grad {i}", g_high, g_low.float(), 5e-2)
