@@ -237,8 +237,8 @@ class Store:
 
     def kernel_preflight(self, study: str) -> dict[str, str]:
         """The last preflight's failures for `study` ({} when all passed or none ran)."""
-        rows = self.db.execute("SELECT value FROM meta WHERE key = ?", [f"kernel_preflight:{study}"]).fetchall()
-        return json.loads(rows[0][0]) if rows else {}
+        rows = self.sql("SELECT value FROM meta WHERE key = ?", [f"kernel_preflight:{study}"]).to_pylist()
+        return json.loads(rows[0]["value"]) if rows else {}
 
     def ladders(self, study: str | None = None) -> pa.Table:
         """Each study's probe-to-data rank correlation (fidelity ladders only)."""
