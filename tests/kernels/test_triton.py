@@ -6,8 +6,11 @@ before triton is imported) on tiny shapes, in fp32 only: the interpreter multipl
 Every buffer a kernel allocates starts as NaN (the `triton_kernels` fixture), so an element
 left unwritten fails. Shapes include non-power-of-two widths and lengths shorter than one
 block. Planted mutations that these tests catch: dropping the scan backward's
-`dh = dh * a` (six scan tests fail), and masking out one channel's store of d delta
-(fails on NaN, "grad delta: output has NaN or inf"). Dimensions: R rows, D width, F MLP width, N tokens, V vocabulary, B E N T as in the scan.
+`dh = dh * a` (six scan tests fail); masking out one channel's store of d delta (fails on
+NaN, "grad delta: output has NaN or inf"); the gated delta backward without `ds = alpha * ds`
+(all five fail); cross-entropy gradients for ignored rows (`row_scale = scale`, two fail);
+RMSNorm's dx without its mean term (four fail); SwiGLU's d gate without the sigmoid's
+derivative (four fail). Dimensions: R rows, D width, F MLP width, N tokens, V vocabulary, B E N T as in the scan.
 """
 
 from __future__ import annotations
