@@ -446,5 +446,42 @@ def analyze_probe(trial_id: TrialArg, store: StoreOpt = DEFAULT_STORE,
               batches=batches, batch_size=batch_size, seed=seed)
 
 
+@app.command()
+@user_errors
+def bench(study: StudyArg,
+          trial: Annotated[Optional[int], typer.Option("--trial", help="only trial N of `plan` (0-based; default all)")]
+          = None,
+          kernels: Annotated[str, typer.Option(help="on, off or both (default: both on CUDA, off on a CPU)")] = "auto",
+          rounds: Annotated[int, typer.Option(help="timed rounds, after one warm-up round")] = 5,
+          hf: Annotated[bool, typer.Option(help="also time Hugging Face transformers' Llama/Mamba where equivalent")]
+          = True,
+          threads: Annotated[Optional[int], typer.Option(help="torch threads (default: the study's threads_per_trial)")]
+          = None,
+          batch_size: Annotated[Optional[int], typer.Option(help="override the recipe's batch size")] = None,
+          as_json: JsonOpt = False):
+    """Time a training step of the study's planned architectures: tokens/s, MFU, peak memory."""
+    import archsearch as A
+    from archsearch.train.bench import bench_trials
+
+    loaded = A.load_study(study)
+    trials = A.plan(loaded)
+    if trial is not None and not 0 <= trial < len(trials):
+        raise ValueError(f"{study}: --trial {trial}: the study plans {len(trials)} trials, numbered 0 to {len(trials) - 1}")
+    choices = {"auto": None, "on": ["on"], "off": ["off"], "both": ["on", "off"]}
+    if kernels not in choices:
+        raise ValueError(f"--kernels {kernels!r}: choose on, off, both or auto")
+    if rounds < 1:
+        raise ValueError(f"--rounds {rounds}: time at least one round")
+    result = bench_trials(trials, [trial] if trial is not None else list(range(len(trials))), rounds=rounds,
+                          kernels=choices[kernels], compare_hf=hf,
+                          threads=threads or loaded.execution.threads_per_trial, batch_size=batch_size)
+    if as_json:
+        typer.echo(json.dumps(result, indent=2))
+        return
+    from archsearch.terminal import bench_table
+
+    bench_table(loaded.name, result)
+
+
 if __name__ == "__main__":
     app()

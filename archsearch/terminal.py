@@ -311,3 +311,16 @@ def profile_table(title: str, rows: list[dict], keys: list[str], fold: str | Non
         table.add_row(*(_fmt(str(v) if isinstance(v, bool) else v) for v in where),
                       *(_fmt(values.get(m)) for m in metrics))
     _print(console(), table, wide=False)
+
+
+def bench_table(study: str, result: dict) -> None:
+    """``archsearch bench``: one row per trial and implementation, the step's speed and memory."""
+    title = (f"{study}: {result['device']}, {result['threads']} threads, {result['dtype']}, "
+             f"matmul {result['matmul_tflops'] * 1e3:.1f} GFLOP/s, median of {result['rounds']} rounds")
+    columns = ["trial", "family", "impl", "kernels", "params", "step ms", "tokens/s", "MFU", "peak MB"]
+    table = _table(title, columns, text=("family", "impl", "kernels"))
+    for row in result["rows"]:
+        table.add_row(str(row["trial"]), plain(row["family"]), plain(row["impl"]), plain(row["kernels"]),
+                      _fmt(row["params"]), _fmt(row["step_ms"]), _fmt(row["tokens_per_s"]), f"{row['mfu']:.1%}",
+                      _fmt(row["peak_mb"]))
+    _print(console(), table, wide=True)

@@ -62,7 +62,9 @@ def test_every_figure_in_performance_md_names_the_command_that_made_it():
         figures = re.search(r"^\|.*\d", section, flags=re.M) or re.search(r"\d+(\.\d+)?\s?(s|ms|x)\b", section)
         if not figures:
             continue
-        commands = re.findall(r"^```\n((?:python|archsearch) [^\n]+)\n```", section, flags=re.M)
+        fenced = re.findall(r"^```\n(.*?)^```", section, flags=re.M | re.S)
+        commands = [line for block in fenced for line in block.splitlines()
+                    if line.startswith(("python ", "archsearch "))]
         assert commands, f"section '{title}' states figures but names no command"
         for command in commands:
             words = command.split()

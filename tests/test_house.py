@@ -71,9 +71,9 @@ FORBIDDEN = {
     "archsearch/space": {"torch", "ray", "optuna", "duckdb", "triton"},
     "archsearch/store": {"torch", "ray", "optuna", "triton"},
     "archsearch/analysis": {"torch", "ray", "optuna", "triton"},
-    "archsearch/arch": {"ray", "optuna", "duckdb"},
-    "archsearch/train": {"ray", "optuna", "duckdb"},
-    "archsearch/data": {"ray", "optuna", "duckdb"},
+    "archsearch/arch": {"ray", "optuna", "duckdb", "triton"},
+    "archsearch/train": {"ray", "optuna", "duckdb", "triton"},
+    "archsearch/data": {"ray", "optuna", "duckdb", "triton"},
     "kernels": {"ray", "optuna", "duckdb"},
 }
 
@@ -82,6 +82,25 @@ FORBIDDEN = {
 def test_forbidden_imports(package):
     for path, names in imports_of(ROOT / package).items():
         assert not names & FORBIDDEN[package], f"{path.relative_to(ROOT)} imports {names & FORBIDDEN[package]}"
+
+
+def test_triton_is_imported_only_under_kernels_and_only_by_kernel_files():
+    """triton is an optional extra: nothing outside kernels/ names it, and inside kernels/ only
+    the kernel.py files do (each package's __init__ imports them on first use)."""
+    for folder in ("archsearch", "dashboards", "kernels"):
+        for path, names in imports_of(ROOT / folder).items():
+            if "triton" in names:
+                rel = path.relative_to(ROOT)
+                assert rel.parts[0] == "kernels" and path.name == "kernel.py", rel
+
+
+def test_models_build_and_kernels_dispatch_without_loading_triton():
+    code = ("import sys; from archsearch_kernels import dispatch; from archsearch.arch.model import build_model;"
+            "from archsearch.arch.spec import ArchSpec, LayerSpec; import torch;"
+            "l = LayerSpec(mixer='mamba', mlp='swiglu', mlp_width=8, options={'d_state': 2});"
+            "m = build_model(ArchSpec(family='t', vocab_size=9, d_model=8, num_heads=2, layers=(l,)));"
+            "m(torch.zeros(1, 3, dtype=torch.long)); sys.exit('triton' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 
 def test_nothing_imports_the_cli():

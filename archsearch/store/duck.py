@@ -355,7 +355,19 @@ class Store:
                                 [[trial_id, analysis, blob, row.get("layer"), row["metric"], float(row["value"]),
                                   code_version(), now] for row, blob in zip(rows, blobs)])
 
+    def record_kernel_preflight(self, study: str, failures: dict[str, str], *,
+                                con: duckdb.DuckDBPyConnection | None = None) -> None:
+        """The kernels a study's preflight found broken on its device, {op: why}; those ops ran
+        their PyTorch path. Kept in meta (no new table)."""
+        with self._within(con) as con:
+            con.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", [f"kernel_preflight:{study}", json.dumps(failures)])
+
     # reading
+
+    def kernel_preflight(self, study: str) -> dict[str, str]:
+        """The last preflight's failures for ``study`` ({} when all passed or none ran)."""
+        rows = self.sql("SELECT value FROM meta WHERE key = ?", [f"kernel_preflight:{study}"]).to_pylist()
+        return json.loads(rows[0]["value"]) if rows else {}
 
     def layer_profiles(self, trial_id: str | None = None, analysis: str | None = None) -> pa.Table:
         """Stored analyses of trained trials (``record_profile`` rows), optionally of one trial or analysis."""

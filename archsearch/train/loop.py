@@ -20,9 +20,11 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from archsearch_kernels import dispatch as kernel_dispatch
 
 from archsearch.arch.model import build_model
 from archsearch.arch.spec import ArchSpec
+from archsearch.arch.structures.stack import LanguageModel
 from archsearch.budget import count_params
 from archsearch.data import IGNORE, Batch, Source, make_source
 from archsearch.train import checkpoint
@@ -163,7 +165,18 @@ def training_loss(model: torch.nn.Module, batch, *, gate_only: bool = False) -> 
     own = getattr(model, "training_loss", None)
     if own is not None:
         return own(batch.inputs, batch.targets)
+    if _fused_loss_applies(model, batch.inputs.device):
+        return kernel_dispatch.linear_cross_entropy(model.head_input(batch.inputs), model.head_weight(),
+                                                    batch.targets, ignore_index=IGNORE)
     return _loss(model(batch.inputs), batch.targets)
+
+
+def _fused_loss_applies(model: torch.nn.Module, device: torch.device) -> bool:
+    """Whether the head and loss run as one chunked kernel, which never holds the [B, T, V]
+    logits: for models whose logits are the plain ``hidden @ head_weight.T`` (a structure
+    with its own forward, or a compiled module, keeps its path)."""
+    return (isinstance(model, LanguageModel) and type(model).forward is LanguageModel.forward
+            and kernel_dispatch.use_triton("linear_cross_entropy", device))
 
 
 def _backward(model: torch.nn.Module, batch: Batch, *, grad_accum: int, device: torch.device, autocast: bool,

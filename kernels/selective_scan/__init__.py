@@ -1,6 +1,14 @@
-"""Mamba-1 selective scan: the reference loop (the spec) and the chunked form."""
+"""Mamba-1 selective scan: the reference loop (the spec), the chunked PyTorch form and the Triton kernel."""
 
 from .chunked import selective_scan_chunked
 from .naive import selective_scan_naive
 
-__all__ = ["selective_scan_chunked", "selective_scan_naive"]
+
+def selective_scan_triton(*args, **kwargs):
+    """The Triton kernel; imported on first use so importing this package never loads triton."""
+    from .kernel import selective_scan_triton as kernel
+
+    return kernel(*args, **kwargs)
+
+
+__all__ = ["selective_scan_chunked", "selective_scan_naive", "selective_scan_triton"]

@@ -28,16 +28,15 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from archsearch_kernels.gated_delta import (
-    gated_delta_rule_chunked,
-    gated_delta_rule_naive,
-)
+from archsearch_kernels.dispatch import gated_delta_rule
+from archsearch_kernels.gated_delta import gated_delta_rule_naive
 from torch import nn
 
 from archsearch.arch.blocks.mamba import inverse_softplus_dt
 from archsearch.arch.spec import ArchSpec, LayerSpec
 
-RULES = {"chunked": gated_delta_rule_chunked, "naive": gated_delta_rule_naive}
+# "chunked": the Triton kernel on CUDA, the chunked PyTorch form elsewhere (archsearch_kernels.dispatch)
+RULES = {"chunked": gated_delta_rule, "naive": gated_delta_rule_naive}
 
 
 @dataclass(frozen=True)

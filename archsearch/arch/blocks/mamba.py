@@ -28,15 +28,14 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from archsearch_kernels.selective_scan import (
-    selective_scan_chunked,
-    selective_scan_naive,
-)
+from archsearch_kernels.dispatch import selective_scan
+from archsearch_kernels.selective_scan import selective_scan_naive
 from torch import nn
 
 from archsearch.arch.spec import ArchSpec, LayerSpec
 
-SCANS = {"chunked": selective_scan_chunked, "naive": selective_scan_naive}
+# "chunked": the Triton kernel on CUDA, the chunked PyTorch form elsewhere (archsearch_kernels.dispatch)
+SCANS = {"chunked": selective_scan, "naive": selective_scan_naive}
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ Dimensions: B batch, T time, D model width, F this layer's MLP width.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
+from archsearch_kernels.dispatch import swiglu
 from torch import nn
 
 from archsearch.arch.spec import ArchSpec, LayerSpec
@@ -23,7 +23,8 @@ class SwiGLU(nn.Module):
 
     def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
         gate_BTF, up_BTF = self.gate_up(x_BTD).chunk(2, dim=-1)
-        return self.down(F.silu(gate_BTF) * up_BTF)
+        # silu(gate) * up, fused in one Triton kernel on CUDA
+        return self.down(swiglu(gate_BTF, up_BTF))
 
 
 def params(spec: ArchSpec, layer: LayerSpec) -> int:

@@ -7,6 +7,7 @@ Dimensions: B batch, T time, D model width, V vocabulary.
 from __future__ import annotations
 
 import torch
+from archsearch_kernels.dispatch import RMSNorm
 from torch import nn
 
 from archsearch.arch import blocks
@@ -18,11 +19,11 @@ class Layer(nn.Module):
 
     def __init__(self, *, spec: ArchSpec, layer: LayerSpec):
         super().__init__()
-        self.mixer_norm = nn.RMSNorm(spec.d_model, eps=spec.norm_eps)
+        self.mixer_norm = RMSNorm(spec.d_model, eps=spec.norm_eps)
         self.mixer = blocks.mixer(layer.mixer).module(spec=spec, layer=layer)
         self.has_mlp = layer.mlp != "none"
         if self.has_mlp:
-            self.mlp_norm = nn.RMSNorm(spec.d_model, eps=spec.norm_eps)
+            self.mlp_norm = RMSNorm(spec.d_model, eps=spec.norm_eps)
             self.mlp = blocks.mlp(layer.mlp).module(spec=spec, layer=layer)
 
     def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
@@ -60,16 +61,22 @@ class LanguageModel(nn.Module):
         super().__init__()
         self.spec = spec
         self.embed = nn.Embedding(spec.vocab_size, spec.d_model)
-        self.norm = nn.RMSNorm(spec.d_model, eps=spec.norm_eps)
+        self.norm = RMSNorm(spec.d_model, eps=spec.norm_eps)
         self.head = None if spec.tie_embeddings else nn.Linear(spec.d_model, spec.vocab_size, bias=False)
 
     def body(self, x_BTD: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
     def forward(self, tokens_BT: torch.Tensor) -> torch.Tensor:
-        x_BTD = self.norm(self.body(self.embed(tokens_BT)))
-        weight_VD = self.embed.weight if self.head is None else self.head.weight
-        return x_BTD @ weight_VD.T
+        return self.head_input(tokens_BT) @ self.head_weight().T
+
+    def head_input(self, tokens_BT: torch.Tensor) -> torch.Tensor:
+        """The normed last states [B, T, D] the head reads (the fused loss takes them directly)."""
+        return self.norm(self.body(self.embed(tokens_BT)))
+
+    def head_weight(self) -> torch.Tensor:
+        """The output embedding [V, D]: the input embedding when tied."""
+        return self.embed.weight if self.head is None else self.head.weight
 
 
 class Stack(LanguageModel):

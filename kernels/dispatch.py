@@ -1,0 +1,215 @@
+"""Which implementation each op runs: the Triton kernel on CUDA tensors, PyTorch elsewhere.
+
+One setting, the environment variable ``ARCHSEARCH_KERNELS``:
+
+    auto       (default) Triton when the tensors are on CUDA and triton is installed
+    triton     always Triton (on a CPU only under TRITON_INTERPRET=1, for tests)
+    reference  always the PyTorch path
+
+The PyTorch path here is the one the models ran before the kernels existed (F.rms_norm,
+F.silu(gate) * up, the chunked scan, logits then F.cross_entropy), so turning the kernels
+off changes nothing else; the naive.py files beside each kernel are the specs they are
+tested against.
+
+An op a preflight check found broken on this device (`preflight`) is listed in
+``ARCHSEARCH_KERNELS_DISABLE`` (comma-separated) and runs the PyTorch path whatever the
+mode; being an environment variable, the list reaches worker processes started after it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .gated_delta import gated_delta_rule_chunked, gated_delta_rule_naive, gated_delta_rule_triton
+from .linear_cross_entropy import linear_cross_entropy_naive, linear_cross_entropy_triton
+from .rmsnorm import rms_norm_naive, rms_norm_triton
+from .selective_scan import selective_scan_chunked, selective_scan_naive, selective_scan_triton
+from .swiglu import swiglu_naive, swiglu_triton
+
+MODES = ("auto", "triton", "reference")
+OPS = ("rms_norm", "swiglu", "selective_scan", "gated_delta_rule", "linear_cross_entropy")
+MODE_VAR, DISABLE_VAR = "ARCHSEARCH_KERNELS", "ARCHSEARCH_KERNELS_DISABLE"
+
+
+def mode() -> str:
+    """The current setting of ARCHSEARCH_KERNELS; a ValueError naming the choices if it is unknown."""
+    value = os.environ.get(MODE_VAR, "auto").strip().lower() or "auto"
+    if value not in MODES:
+        raise ValueError(f"{MODE_VAR}={value!r}: must be one of {', '.join(MODES)}")
+    return value
+
+
+@contextmanager
+def forced(setting: str) -> Iterator[None]:
+    """Run a block under ``ARCHSEARCH_KERNELS=setting`` (the bench times kernels on and off)."""
+    if setting not in MODES:
+        raise ValueError(f"kernels: {setting!r} is not one of {', '.join(MODES)}")
+    before = os.environ.get(MODE_VAR)
+    os.environ[MODE_VAR] = setting
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(MODE_VAR, None)
+        else:
+            os.environ[MODE_VAR] = before
+
+
+def disabled() -> set[str]:
+    """Ops a preflight check turned off in this process and the workers it starts."""
+    return {op for op in os.environ.get(DISABLE_VAR, "").split(",") if op}
+
+
+def disable(op: str) -> None:
+    """Run `op`'s PyTorch path from now on, here and in processes started later."""
+    os.environ[DISABLE_VAR] = ",".join(sorted(disabled() | {op}))
+
+
+def triton_installed() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def use_triton(op: str, device: torch.device | str) -> bool:
+    """Whether `op` on tensors on `device` runs its Triton kernel under the current setting."""
+    setting = mode()
+    if setting == "reference" or op in disabled():
+        return False
+    if setting == "triton":
+        return True
+    return torch.device(device).type == "cuda" and triton_installed()
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last axis: [..., D] -> [..., D]."""
+    if use_triton("rms_norm", x.device):
+        return rms_norm_triton(x, weight, eps)
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up: [..., F] x2 -> [..., F]."""
+    if use_triton("swiglu", gate.device):
+        return swiglu_triton(gate, up)
+    return F.silu(gate) * up
+
+
+def selective_scan(*args, **kwargs):
+    """Mamba-1 selective scan; the arguments and return of `selective_scan_naive`."""
+    u = args[0] if args else kwargs["u"]
+    if use_triton("selective_scan", u.device):
+        return selective_scan_triton(*args, **kwargs)
+    return selective_scan_chunked(*args, **kwargs)
+
+
+def gated_delta_rule(*args, **kwargs):
+    """Gated delta rule; the arguments and return of `gated_delta_rule_naive`."""
+    q = args[0] if args else kwargs["q"]
+    if use_triton("gated_delta_rule", q.device):
+        return gated_delta_rule_triton(*args, **kwargs)
+    return gated_delta_rule_chunked(*args, **kwargs)
+
+
+def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
+                         ignore_index: int = -100) -> torch.Tensor:
+    """Mean cross-entropy of ``x @ weight.T`` over the rows whose target is not `ignore_index`."""
+    if use_triton("linear_cross_entropy", x.device):
+        return linear_cross_entropy_triton(x, weight, targets, ignore_index=ignore_index)
+    return linear_cross_entropy_naive(x, weight, targets, ignore_index=ignore_index)
+
+
+class RMSNorm(nn.RMSNorm):
+    """nn.RMSNorm (same parameters and state dict) whose forward goes through `rms_norm`."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
+        return rms_norm(x, self.weight, eps)
+
+
+def _probe_inputs(op: str, device: torch.device) -> dict[str, torch.Tensor]:
+    """Small non-power-of-two inputs for one op, seeded so every run checks the same thing."""
+    gen = torch.Generator().manual_seed(0)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen).to(device).requires_grad_()
+
+    if op == "rms_norm":
+        return dict(x=randn(3, 37, 100), weight=randn(100))
+    if op == "swiglu":
+        return dict(gate=randn(3, 37, 130), up=randn(3, 37, 130))
+    if op == "linear_cross_entropy":
+        return dict(x=randn(75, 48), weight=randn(1000, 48))
+    if op == "gated_delta_rule":
+        return dict(q=randn(2, 77, 3, 32), k=F.normalize(torch.randn(2, 77, 3, 32, generator=gen), dim=-1).to(device),
+                    v=randn(2, 77, 3, 40), g=F.logsigmoid(2 + torch.randn(2, 77, 3, generator=gen)).to(device),
+                    beta=torch.rand(2, 77, 3, generator=gen).to(device))
+    return dict(u=randn(2, 40, 77), delta=randn(2, 40, 77), A=-torch.rand(40, 16, generator=gen).to(device),
+                B=randn(2, 16, 77), C=randn(2, 16, 77), D=randn(40), z=randn(2, 40, 77))
+
+
+def _call(fn: Callable, op: str, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    if op == "rms_norm":
+        return fn(**inputs, eps=1e-6)
+    if op == "linear_cross_entropy":
+        targets = torch.arange(inputs["x"].shape[0], device=inputs["x"].device) * 13 % 1000
+        return fn(**inputs, targets=targets)
+    if op == "selective_scan":
+        return fn(**inputs, delta_softplus=True)
+    return fn(**inputs)
+
+
+# op -> (its Triton kernel, its spec)
+PAIRS = {
+    "rms_norm": (rms_norm_triton, rms_norm_naive),
+    "swiglu": (swiglu_triton, swiglu_naive),
+    "selective_scan": (selective_scan_triton, selective_scan_naive),
+    "gated_delta_rule": (gated_delta_rule_triton, gated_delta_rule_naive),
+    "linear_cross_entropy": (linear_cross_entropy_triton, linear_cross_entropy_naive),
+}
+
+
+def check(op: str, device: torch.device | str, *, atol: float = 1e-3) -> str | None:
+    """Compile `op`'s kernel on `device` and compare its output and every gradient with the spec
+    (fp32, small odd shapes); None if they agree, else one line saying what went wrong."""
+    kernel, reference = PAIRS[op]
+    try:
+        inputs = _probe_inputs(op, torch.device(device))
+        leaves = [x for x in inputs.values() if x.requires_grad]
+        outs = []
+        for fn in (kernel, reference):
+            out = _call(fn, op, inputs)
+            outs.append((out, *torch.autograd.grad(out.sum(), leaves)))
+    except Exception as err:  # any failure to compile or run means: use the PyTorch path
+        return f"{op}: the kernel failed on {device}: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+    names = ["output", *(name for name, x in inputs.items() if x.requires_grad)]
+    for name, got, want in zip(names, *outs):
+        error = (got.double() - want.double()).abs().max().item()
+        scale = max(1.0, want.double().abs().max().item())
+        if not error <= atol * scale:  # also catches NaN
+            return f"{op}: the kernel's {name} differs from the reference by {error:.2e} on {device}"
+    return None
+
+
+def preflight(ops: Iterable[str], device: torch.device | str) -> dict[str, str]:
+    """Check each op that would run its Triton kernel on `device` once; disable every one that
+    fails (it falls back to PyTorch) and return {op: why} for those."""
+    failures = {}
+    for op in ops:
+        if not use_triton(op, device):
+            continue
+        reason = check(op, device)
+        if reason is not None:
+            disable(op)
+            failures[op] = reason
+    return failures
+
+
+__all__ = ["MODES", "OPS", "RMSNorm", "check", "disable", "disabled", "forced", "gated_delta_rule",
+           "linear_cross_entropy", "mode",
+           "preflight", "rms_norm", "selective_scan", "swiglu", "use_triton"]

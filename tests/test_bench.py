@@ -1,0 +1,126 @@
+"""`archsearch bench`: a training step timed per planned architecture, MFU against a matmul timed
+beside it, and the Hugging Face equivalents built with the same configuration."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from archsearch.arch.spec import ArchSpec, LayerSpec
+from archsearch.cli import app
+from archsearch.train import bench
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(app, ["bench", *map(str, args)])
+
+
+def test_bench_reports_each_planned_trial(tiny_study):
+    result = invoke(tiny_study, "--json", "--rounds", "2", "--no-hf", "--batch-size", "2")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    rows = report["rows"]
+    assert [row["trial"] for row in rows] == [0, 1, 2] and {row["kernels"] for row in rows} == {"off"}
+    import archsearch as A
+
+    plan = A.plan(A.load_study(tiny_study))
+    for row, trial in zip(rows, plan):
+        assert row["trial_id"] == trial.trial_id and row["params"] == trial.total_params
+        assert row["tokens_per_s"] == pytest.approx(2 * 16 / (row["step_ms"] / 1e3))
+        # MFU is the step's training FLOP/s over the matmul's, both measured here
+        achieved = row["tokens_per_s"] * trial.flops_per_token
+        assert row["mfu"] == pytest.approx(achieved / (report["matmul_tflops"] * 1e12))
+        assert row["peak_mb"] > 4 * 4 * trial.total_params / 2**20  # weights, grads, AdamW moments and more
+
+
+def test_bench_one_trial_and_the_errors_a_user_can_make(tiny_study):
+    result = invoke(tiny_study, "--trial", "1", "--rounds", "1", "--no-hf")
+    assert result.exit_code == 0, result.output
+    assert "median of 1 rounds" in result.output and "%" in result.output  # the MFU cell
+    result = invoke(tiny_study, "--trial", "3")
+    assert result.exit_code == 2 and "--trial 3: the study plans 3 trials, numbered 0 to 2" in result.output
+    result = invoke(tiny_study, "--kernels", "on", "--trial", "0")
+    assert result.exit_code == 2 and "needs a CUDA device" in result.output
+    result = invoke(tiny_study, "--kernels", "fast")
+    assert result.exit_code == 2 and "choose on, off, both or auto" in result.output
+
+
+def test_rounds_interleave_every_configuration(monkeypatch):
+    """Round r times the matmul and every configuration once before round r + 1 starts, so a
+    slow spell on the machine falls on all of them."""
+    order = []
+
+    def config(name):
+        return bench._Config(row=dict(trial=0, trial_id=name, family="f", impl="archsearch", kernels="off", params=1),
+                             model=torch.nn.Linear(1, 1), step=lambda: order.append(name), tokens=1, flops=1.0)
+
+    monkeypatch.setattr(bench, "_configs", lambda *a, **k: [config("a"), config("b")])
+    monkeypatch.setattr(bench, "_matmul_step", lambda device, dtype: (lambda: order.append("matmul"), 1.0))
+    bench.bench_trials([], [], rounds=2, warmup=1, device="cpu")
+    assert order == ["a", "b"] + ["matmul", "a", "b"] * 3  # first the untimed memory count
+
+
+def uniform_spec(mixer: str, mlp: str, width: int) -> ArchSpec:
+    layer = LayerSpec(mixer=mixer, mlp=mlp, mlp_width=width)
+    return ArchSpec(family="t", vocab_size=64, d_model=32, num_heads=4, layers=(layer,) * 3)
+
+
+@pytest.mark.parametrize("mixer, mlp, width, impl", [("attention", "swiglu", 40, "hf-llama"),
+                                                     ("mamba", "none", 0, "hf-mamba")], ids=["llama", "mamba"])
+def test_hugging_face_equivalent_has_the_same_parameters(mixer, mlp, width, impl):
+    """The configuration carried over is the whole model: every parameter counted the same."""
+    pytest.importorskip("transformers")
+    from archsearch.arch.model import build_model
+
+    spec = uniform_spec(mixer, mlp, width)
+    name, hf_model = bench.hf_equivalent(spec, seq_len=16)
+    assert name == impl
+    ours = sum(p.numel() for p in build_model(spec).parameters())
+    assert sum(p.numel() for p in hf_model.parameters()) == ours
+
+
+def test_no_equivalent_for_uneven_widths_or_other_structures():
+    spec = uniform_spec("attention", "swiglu", 40)
+    uneven = ArchSpec(family="t", vocab_size=64, d_model=32, num_heads=4,
+                      layers=(LayerSpec(mlp_width=40), LayerSpec(mlp_width=48)))
+    assert bench.hf_equivalent(uneven, seq_len=16) is None
+    from dataclasses import replace
+
+    assert bench.hf_equivalent(replace(spec, structure="looped"), seq_len=16) is None
+
+
+def test_cpu_step_memory_counts_saved_activations():
+    """The memory count grows with what the step saves for backward: 4x the batch, about 4x the
+    activations on top of the same weight state."""
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
+    state_mb = 4 * sum(p.numel() for p in model.parameters()) * 4 / 2**20
+    small, large = torch.randn(32, 64), torch.randn(128, 64)
+    mb_small = bench._cpu_step_mb(model, lambda: model(small).sum().backward())
+    mb_large = bench._cpu_step_mb(model, lambda: model(large).sum().backward())
+    assert (mb_large - state_mb) == pytest.approx(4 * (mb_small - state_mb), rel=0.05)
+
+
+@pytest.mark.slow
+def test_the_prepared_gpu_script_runs_end_to_end_in_the_interpreter(tmp_path):
+    """benchmarks/bench_kernels_gpu.py is run for the first time on a lent GPU with minutes of
+    budget: here it runs at toy sizes on the CPU, every kernel through Triton's interpreter, and
+    each kernel agrees with the PyTorch path it is timed against."""
+    pytest.importorskip("triton")
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_kernels_gpu.py"
+    out = tmp_path / "rows.json"
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    subprocess.run([sys.executable, str(script), "--device", "cpu", "--dtype", "float32", "--batch", "1", "--seq-len", "8",
+                    "--d-model", "16", "--vocab", "50", "--repeats", "1", "--json", str(out)], check=True, env=env,
+                   capture_output=True)
+    rows = json.loads(out.read_text())["rows"]
+    kernels = {row["op"]: row for row in rows if row["impl"] == "triton"}
+    assert set(kernels) == {"rms_norm", "swiglu", "linear_cross_entropy_V50", "selective_scan", "gated_delta_rule"}
+    assert all(row["rel_error_vs_reference"] < 1e-4 for row in kernels.values())
