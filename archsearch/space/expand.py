@@ -17,7 +17,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from archsearch.errors import SpecError
 from archsearch.space.expr import Expr, ExprError, order_derived, parse
-from archsearch.space.schema import FAMILY_AXES, Axes, Axis, Space
+from archsearch.space.schema import FAMILY_AXES, MAMBA2_AXES, Axes, Axis, Space
 
 MAX_POINTS = 100_000
 
@@ -156,6 +156,12 @@ def _canonical(point: dict) -> None:
             point.pop("hybrid.pattern", None)
     if point["family"] == "looped" and not point.get("hybrid.pattern"):
         point["hybrid.pattern"] = "A"
+    if point.get("mlp") == "none":  # no MLP: nothing to taper
+        point["taper.shape"], point["taper.ratio"] = "uniform", 1.0
+    if point["family"] in ("hybrid", "looped") and "S" not in point.get("hybrid.pattern", "") \
+            and point.get("hybrid.mixer") != "mamba2":  # no Mamba-2 layer reads these
+        for name in MAMBA2_AXES:
+            point.pop(name, None)
 
 
 def _typed(space: Space, dotted: str, value: Any) -> Any:

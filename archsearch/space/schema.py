@@ -24,7 +24,7 @@ from archsearch.space.training import Data, Recipe, Strict, TextData
 T = TypeVar("T")
 
 TAPER_SHAPES = ("uniform", "cosine", "linear", "sigmoid", "reverse")
-FAMILIES = ("transformer", "gated_attention", "mamba", "gdn", "hybrid", "looped", "memory", "gpn", "hrm",
+FAMILIES = ("transformer", "gated_attention", "mamba", "mamba2", "gdn", "hybrid", "looped", "memory", "gpn", "hrm",
             "universal", "titans", "hope")
 
 
@@ -95,11 +95,23 @@ class HybridAxes(Strict):
 
     ratio: axis(Annotated[str, Field(pattern=r"^\d+:\d+$")]) = Field(
         default="3:1", validate_default=True, description="recurrent:attention layers, evenly interleaved")
-    pattern: axis(Annotated[str, Field(pattern=r"^[MGA]*$", max_length=256)]) = Field(
+    pattern: axis(Annotated[str, Field(pattern=r"^[MSGA]*$", max_length=256)]) = Field(
         default="", validate_default=True,
-        description="layer letters, tiled to num_layers: M mamba, G gated deltanet, A attention; when set, "
-                    "used instead of ratio (looped: the shared group, default A)")
-    mixer: axis(Literal["mamba", "gdn"]) = fixed("mamba")
+        description="layer letters, tiled to num_layers: M mamba, S mamba-2 (SSD), G gated deltanet, "
+                    "A attention; when set, used instead of ratio (looped: the shared group, default A)")
+    mixer: axis(Literal["mamba", "mamba2", "gdn"]) = fixed("mamba")
+
+
+class Mamba2Axes(Strict):
+    """Mamba-2 (SSD) layers, of the mamba2 family and S letters of hybrid and looped patterns."""
+
+    d_state: axis(PositiveInt) = Field(default=128, validate_default=True, description="state size N")
+    head_dim: axis(PositiveInt) = Field(
+        default=64, validate_default=True,
+        description="SSM head dim P; the inner width is the multiple of it nearest expand x d_model")
+    expand: axis(Annotated[float, Field(gt=0, le=8)]) = fixed(2.0)
+    chunk_size: axis(PositiveInt) = Field(default=64, validate_default=True,
+                                          description="steps per chunk of the SSD scan (speed only)")
 
 
 class MemoryAxes(Strict):
@@ -128,8 +140,12 @@ class Axes(Strict):
     loops: axis(Annotated[int, Field(ge=1, le=64)]) = Field(
         default=2, validate_default=True, description="applications of a shared group (looped, universal)")
     exit_gate: axis(bool) = fixed(False)
+    mlp: axis(Literal["swiglu", "none"]) = Field(
+        default="swiglu", validate_default=True,
+        description="none: mixer-only layers, as the Mamba papers build them (mamba, mamba2)")
     attention: AttentionAxes = AttentionAxes()
     hybrid: HybridAxes = HybridAxes()
+    mamba2: Mamba2Axes = Mamba2Axes()
     memory: MemoryAxes = MemoryAxes()
     gpn: GpnAxes = GpnAxes()
     hrm: HrmAxes = HrmAxes()
@@ -222,15 +238,17 @@ class Study(Strict):
 
 
 _BASE = ("family", "num_layers", "taper.shape", "taper.ratio")
+MAMBA2_AXES = ("mamba2.d_state", "mamba2.head_dim", "mamba2.expand", "mamba2.chunk_size")
 # The axes each family reads; the others are dropped from its points, so a
 # transformer is not planned once per loop count.
 FAMILY_AXES: dict[str, tuple[str, ...]] = {
     "transformer": _BASE,
     "gated_attention": _BASE + ("attention.gate",),
-    "mamba": _BASE,
+    "mamba": _BASE + ("mlp",),
+    "mamba2": _BASE + ("mlp",) + MAMBA2_AXES,
     "gdn": _BASE,
-    "hybrid": _BASE + ("hybrid.ratio", "hybrid.pattern", "hybrid.mixer"),
-    "looped": _BASE + ("loops", "exit_gate", "hybrid.pattern"),
+    "hybrid": _BASE + ("hybrid.ratio", "hybrid.pattern", "hybrid.mixer") + MAMBA2_AXES,
+    "looped": _BASE + ("loops", "exit_gate", "hybrid.pattern") + MAMBA2_AXES,
     "memory": _BASE + ("memory.placement", "memory.slots", "memory.width", "memory.segment"),
     "gpn": ("family", "taper.shape", "taper.ratio", "gpn.layers", "gpn.memory"),
     "hrm": _BASE + ("hrm.N", "hrm.T"),
