@@ -35,6 +35,8 @@ def gated_deltanet(**kwargs) -> ArchSpec:
     return stack("gated_deltanet", "gated_deltanet", **kwargs)
 
 
+SMALL_SSD = {"head_dim": 16, "d_state": 8, "chunk_size": 5}
+
 CASES = {
     "gated-attention-elementwise-d32": gated_attention(gate="elementwise"),
     "gated-attention-headwise-d48-untied-tapered": gated_attention(d_model=48, head_dim=16, widths=(160, 96, 32),
@@ -52,6 +54,13 @@ CASES = {
     "mamba2-d24-expand3-rounded-conv3-chunk5": mamba2(d_model=24, widths=(40,), expand=3, P=16, d_state=8,
                                                      d_conv=3, chunk_size=5),
     "mamba2-d32-no-mlp": mamba2(widths=(0, 0, 0), mlp="none", P=16, d_state=16),
+    "hybrid-SA-mamba2-attention-d32": ArchSpec(
+        family="hybrid", vocab_size=64, d_model=32, num_heads=4,
+        layers=(LayerSpec(mixer="mamba2", mlp_width=40, options=SMALL_SSD), LayerSpec(mlp_width=56))),
+    "looped-SA-2loops-exit-gate": ArchSpec(
+        family="looped", vocab_size=64, d_model=32, num_heads=4, structure="looped",
+        layers=(LayerSpec(mixer="mamba2", mlp_width=40, options=SMALL_SSD), LayerSpec(mlp_width=56)),
+        options={"loops": 2, "exit_gate": True, "inject": True}),
     "gdn-d32": gated_deltanet(),
     "gdn-d48-h3-k12-v20-untied-tapered": gated_deltanet(d_model=48, head_dim=16, widths=(160, 96, 32), tie=False,
                                                        num_heads=3, head_k_dim=12, head_v_dim=20),
