@@ -1,5 +1,6 @@
-"""Mamba-2 (SSD) and mixer-only Mamba stacks: the block computes the paper's layer, its fast
-path equals its reference, and spaces reach it (family mamba2, the S letter, mlp: none).
+"""Mamba-2 (SSD) and mixer-only Mamba stacks: the block computes the paper's layer and spaces
+reach it (family mamba2, the S letter, mlp: none). Its fast path against its reference and
+its skipped tokens are tested with the other mixers' in tests/test_mixers.py.
 
 Dimensions: B batch, T time, D model width, E inner width, H heads, P head dim, G groups,
 N state size.
@@ -56,40 +57,6 @@ def test_block_computes_the_papers_layer_gate_before_norm():
     expected = module.out_proj(normed.flatten(-2) * module.norm_weight)
     with torch.no_grad():
         assert_close("y", expected, module(x_BTD), 1e-5)
-
-
-def test_chunked_block_matches_naive_forward_and_every_gradient():
-    fast, reference = block(n_groups=2, head_dim=6), block(n_groups=2, head_dim=6, scan="naive")
-    reference.load_state_dict(fast.state_dict())
-    x_BTD, grad_BTD = torch.randn(2, SEQ_LEN, 24), torch.randn(2, SEQ_LEN, 24)
-    outputs, grads = [], []
-    for module in (reference, fast):
-        x = x_BTD.clone().requires_grad_()
-        y = module(x)
-        outputs.append(y)
-        grads.append(torch.autograd.grad((y * grad_BTD).sum(), [x, *module.parameters()]))
-    assert_close("y", *outputs, ATOL)
-    for name, grad_ref, grad_fast in zip(["x"] + [n for n, _ in fast.named_parameters()], *grads):
-        assert_close(f"grad {name}", grad_ref, grad_fast, ATOL)
-
-
-@pytest.mark.parametrize("scan", ["chunked", "naive"])
-def test_skipped_tokens_are_absent_from_state_and_later_outputs(scan):
-    """As for Mamba-1: with skip_BT the last state and every kept output equal those of the
-    sequence with the skipped tokens removed (conv window included); skipped outputs are 0."""
-    module = block(scan=scan)
-    x_BTD = torch.randn(3, SEQ_LEN, 24)
-    skip_BT = torch.rand(3, SEQ_LEN) < 0.3
-    skip_BT[0, -4:] = True
-    skip_BT[1, :3] = True
-    with torch.no_grad():
-        y_BTD, state_BHPN = module(x_BTD, skip_BT=skip_BT, return_last_state=True)
-        for b in range(3):
-            kept = ~skip_BT[b]
-            y_kept, state_kept = module(x_BTD[b:b + 1, kept], return_last_state=True)
-            assert_close(f"state of row {b}", state_kept[0], state_BHPN[b], 1e-5)
-            assert_close(f"kept outputs of row {b}", y_kept[0], y_BTD[b, kept], 1e-5)
-    assert (y_BTD[skip_BT] == 0).all()
 
 
 def test_init_survives_the_model_and_marks_its_no_decay_parameters():
