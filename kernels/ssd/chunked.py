@@ -82,7 +82,7 @@ def ssd_chunked(
 
     def chunks(x_BTYX: torch.Tensor, split: int) -> torch.Tensor:
         """[B, T, Y, X] -> [B, Y/split, split, J, L, X] in fp32 (Y heads or groups)."""
-        x_BTYX = F.pad(x_BTYX.float(), (0, 0, 0, 0, 0, pad))
+        x_BTYX = F.pad(x_BTYX.float(), (0, 0, 0, 0, 0, pad)) if pad else x_BTYX.float()
         x_BYJLX = x_BTYX.unflatten(1, (num_chunks, chunk_len)).permute(0, 3, 1, 2, 4)
         return x_BYJLX.unflatten(1, (x_BYJLX.shape[1] // split, split))
 
@@ -108,7 +108,11 @@ def ssd_chunked(
 
     # 2. what each chunk adds to the state on its own, decayed to the chunk's end
     to_end_BGRJL = decay_BGRJLL[..., -1, :]
-    chunk_state_BGRJPN = (u_BGRJLP * to_end_BGRJL[..., None]).transpose(-1, -2) @ B_BG1JLN
+    # the R heads of a group share its B: one [R P, L] x [L, N] matmul per group and chunk
+    # rather than R broadcast ones (broadcasting B would copy it R times)
+    to_end_BGJLRP = (u_BGRJLP * to_end_BGRJL[..., None]).permute(0, 1, 3, 4, 2, 5)
+    chunk_state_BGRJPN = (to_end_BGJLRP.flatten(-2).transpose(-1, -2) @ B_BG1JLN[:, :, 0]).unflatten(
+        -2, (per_group, head_dim)).permute(0, 1, 3, 2, 4, 5)
 
     # 3. true state entering each chunk: J sequential steps on [B, G, R, P, N]
     if initial_state is None:
@@ -119,15 +123,18 @@ def ssd_chunked(
     starts = []
     for chunk_decay_BGR, chunk_state_BGRPN in zip(chunk_decay_BGRJ.unbind(3), chunk_state_BGRJPN.unbind(3)):
         starts.append(S_BGRPN)
-        S_BGRPN = chunk_decay_BGR[..., None, None] * S_BGRPN + chunk_state_BGRPN
+        S_BGRPN = torch.addcmul(chunk_state_BGRPN, chunk_decay_BGR[..., None, None], S_BGRPN)
     start_BGRJPN = torch.stack(starts, dim=3)
 
     # 4. the start states read out by C, decayed from the chunk start to each step
-    y_BGRJLP = y_BGRJLP + G_BGRJL.exp()[..., None] * (C_BG1JLN @ start_BGRJPN.transpose(-1, -2))
+    start_BGJNX = start_BGRJPN.permute(0, 1, 3, 5, 2, 4).flatten(-2)  # X = R P, heads of a group side by side
+    readout_BGRJLP = (C_BG1JLN[:, :, 0] @ start_BGJNX).unflatten(-1, (per_group, head_dim)).permute(0, 1, 4, 2, 3, 5)
+    y_BGRJLP = torch.addcmul(y_BGRJLP, G_BGRJL.exp()[..., None], readout_BGRJLP)
 
+    # a view until the skip, whose one pass also lays y out as [B, T, H, P]
     y_BTHP = y_BGRJLP.flatten(1, 2).flatten(2, 3).transpose(1, 2)[:, :seq_len]
     if D is not None:
-        y_BTHP = y_BTHP + x.float() * D.float()[:, None]
+        y_BTHP = torch.addcmul(y_BTHP, x.float(), D.float()[:, None])
     y_BTHP = y_BTHP.to(out_dtype)
     last_BHPN = S_BGRPN.flatten(1, 2)
     return (y_BTHP, last_BHPN) if return_last_state else y_BTHP
