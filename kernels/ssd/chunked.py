@@ -23,7 +23,7 @@ exp(G_l). Only the start states need a sequential pass, one step per chunk:
 Four pieces, as in the paper: the diagonal blocks (intra-chunk outputs), each chunk's own
 contribution to the state, the J-step pass over chunk boundaries, and the readout of the
 start states. B and C belong to groups: C B^T is formed once per group and broadcast over
-its R heads.
+its R heads, and the state write and readout treat a group's R heads as one [R P]-wide matmul.
 
 Stability: every exponent is a segment sum a_{s+1} + ... + a_l with s <= l (-inf above the
 diagonal before the exp) or G_l, all <= 0 for dt >= 0 and A <= 0 and never summed over more
@@ -110,8 +110,8 @@ def ssd_chunked(
     to_end_BGRJL = decay_BGRJLL[..., -1, :]
     # the R heads of a group share its B: one [R P, L] x [L, N] matmul per group and chunk
     # rather than R broadcast ones (broadcasting B would copy it R times)
-    to_end_BGJLRP = (u_BGRJLP * to_end_BGRJL[..., None]).permute(0, 1, 3, 4, 2, 5)
-    chunk_state_BGRJPN = (to_end_BGJLRP.flatten(-2).transpose(-1, -2) @ B_BG1JLN[:, :, 0]).unflatten(
+    u_to_end_BGJLRP = (u_BGRJLP * to_end_BGRJL[..., None]).permute(0, 1, 3, 4, 2, 5)
+    chunk_state_BGRJPN = (u_to_end_BGJLRP.flatten(-2).transpose(-1, -2) @ B_BG1JLN[:, :, 0]).unflatten(
         -2, (per_group, head_dim)).permute(0, 1, 3, 2, 4, 5)
 
     # 3. true state entering each chunk: J sequential steps on [B, G, R, P, N]
