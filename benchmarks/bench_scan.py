@@ -1,13 +1,15 @@
-"""Time the reference loops against the chunked forms of the two scan ops, on CPU.
+"""Time the reference loops against the chunked forms of the three scan ops, on CPU.
 
     python benchmarks/bench_scan.py                       # T=512, the sizes in docs/performance.md
     python benchmarks/bench_scan.py --seq-len 2048 --repeats 3
+    python benchmarks/bench_scan.py --ops ssd --threads 2
 
 Prints one row per (op, pass): median milliseconds of each form over --repeats runs after
 one warm-up (the two forms timed alternately), and the speed-up naive / chunked measured in
 the same run.
 
-Dimensions: B batch, T time, E inner channels, N state size, H heads, K/V head dims.
+Dimensions: B batch, T time, E inner channels, N state size, H heads, K/V head dims,
+P SSD head dim, G SSD groups.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from archsearch_kernels.selective_scan import (
     selective_scan_chunked,
     selective_scan_naive,
 )
+from archsearch_kernels.ssd import ssd_chunked, ssd_naive
 
 
 def median_ms_pair(first: Callable[[], None], second: Callable[[], None], repeats: int) -> tuple[float, float]:
@@ -77,6 +80,19 @@ def gdn_inputs(args: argparse.Namespace) -> dict[str, torch.Tensor]:
     }
 
 
+def ssd_inputs(args: argparse.Namespace) -> dict[str, torch.Tensor]:
+    """SSD arguments at Mamba-2 init scales (dt = softplus around 1e-3..1e-1, A ~ -U(1, 16)), one group."""
+    b, t, h, p, n = args.batch, args.seq_len, args.ssd_heads, args.ssd_head_dim, args.ssd_state_size
+    return {
+        "x": torch.randn(b, t, h, p),  # [B, T, H, P]
+        "dt": F.softplus(torch.randn(b, t, h) - 3.0),  # [B, T, H]
+        "A": -torch.empty(h).uniform_(1, 16),  # [H]
+        "B": torch.randn(b, t, 1, n),  # [B, T, G, N]
+        "C": torch.randn(b, t, 1, n),  # [B, T, G, N]
+        "D": torch.ones(h),  # [H]
+    }
+
+
 def passes(op: Callable[..., torch.Tensor], inputs: dict[str, torch.Tensor], **kwargs) -> tuple[Callable, Callable]:
     """(forward without autograd, forward + backward with every input requiring grad) as callables."""
     leaves = {name: x.detach().clone().requires_grad_() for name, x in inputs.items()}
@@ -102,7 +118,11 @@ def main() -> None:
     parser.add_argument("--state-size", type=int, default=16, help="Mamba state size N")
     parser.add_argument("--heads", type=int, default=4, help="Gated DeltaNet heads H")
     parser.add_argument("--head-dim", type=int, default=64, help="Gated DeltaNet K = V")
+    parser.add_argument("--ssd-heads", type=int, default=4, help="SSD heads H (E = H P = 256)")
+    parser.add_argument("--ssd-head-dim", type=int, default=64, help="SSD head dim P")
+    parser.add_argument("--ssd-state-size", type=int, default=64, help="SSD state size N")
     parser.add_argument("--chunk-size", type=int, default=None, help="default: each op's own")
+    parser.add_argument("--ops", default="selective_scan,gated_delta,ssd", help="comma-separated ops to time")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     args = parser.parse_args()
@@ -117,16 +137,22 @@ def main() -> None:
     )
     print(
         f"T={args.seq_len} B={args.batch}  mamba E={args.channels} N={args.state_size}"
-        f"  gdn H={args.heads} K=V={args.head_dim}  chunk {args.chunk_size or 'default'}  median of {args.repeats}"
+        f"  gdn H={args.heads} K=V={args.head_dim}"
+        f"  ssd H={args.ssd_heads} P={args.ssd_head_dim} N={args.ssd_state_size} G=1  chunk {args.chunk_size or 'default'}  median of {args.repeats}"
     )
 
     ops = [
         ("selective_scan", selective_scan_naive, selective_scan_chunked, mamba_inputs(args), {"delta_softplus": True}),
         ("gated_delta", gated_delta_rule_naive, gated_delta_rule_chunked, gdn_inputs(args), {}),
+        ("ssd", ssd_naive, ssd_chunked, ssd_inputs(args), {}),
     ]
     chunking = {} if args.chunk_size is None else {"chunk_size": args.chunk_size}
     print(f"{'op':<16}{'pass':<14}{'naive ms':>10}{'chunked ms':>12}{'speed-up':>10}")
-    for name, naive, chunked, inputs, kwargs in ops:
+    wanted = args.ops.split(",")
+    unknown = set(wanted) - {op[0] for op in ops}
+    if unknown:
+        parser.error(f"--ops: unknown {sorted(unknown)}; known: {[op[0] for op in ops]}")
+    for name, naive, chunked, inputs, kwargs in (op for op in ops if op[0] in wanted):
         naive_passes = passes(naive, inputs, **kwargs)
         chunked_passes = passes(chunked, inputs, **kwargs, **chunking)
         for label, naive_pass, chunked_pass in zip(("forward", "fwd+bwd"), naive_passes, chunked_passes):

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import textwrap
 from pathlib import Path
 
 import pytest
+
+# Triton reads TRITON_INTERPRET once, when it is first imported, and torch may
+# import it from any test (torch.compile checks for it): set it for the whole
+# session on a machine without an NVIDIA device, so the kernel tests always
+# run in the interpreter whatever ran before them.
+if not Path("/dev/nvidiactl").exists():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 TINY_SPACE = """\
 name: tiny

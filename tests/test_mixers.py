@@ -1,5 +1,5 @@
 """Mixer behaviour beyond the zoo contract: fast paths equal the references, gates sit where
-the paper puts them, Mamba's skipped tokens are absent, Gated DeltaNet's decay is a decay.
+the paper puts them, Mamba's and Mamba-2's skipped tokens are absent, Gated DeltaNet's decay is a decay.
 
 Dimensions: B batch, T time, D model width, H heads, K head dim, E Mamba inner width, N state size.
 """
@@ -52,6 +52,8 @@ def build(mixer_name: str, **options) -> torch.nn.Module:
 FAST_AND_REFERENCE = [
     pytest.param("mamba", {"d_state": 6, "expand": 3}, id="mamba-N6-expand3"),
     pytest.param("gated_deltanet", {"num_heads": 2, "head_k_dim": 6, "head_v_dim": 10}, id="gdn-k6-v10"),
+    # E = 128: two heads of 64, one per group; chunks of 16 cross chunk boundaries
+    pytest.param("mamba2", {"d_state": 6, "expand": 4, "n_groups": 2, "chunk_size": 16}, id="mamba2-H2-G2-N6"),
 ]
 
 
@@ -105,11 +107,12 @@ def test_unknown_gate_is_refused():
         build("gated_attention", gate="channelwise")
 
 
+@pytest.mark.parametrize("name", ["mamba", "mamba2"])
 @pytest.mark.parametrize("scan", ["chunked", "naive"])
-def test_skipped_tokens_are_absent_from_state_and_later_outputs(scan):
+def test_skipped_tokens_are_absent_from_state_and_later_outputs(scan, name):
     """With skip_BT, the last SSM state and every kept token's output equal those of the
     sequence with the skipped tokens removed (conv window included); skipped outputs are 0."""
-    module = build("mamba", scan=scan, d_state=5)
+    module = build(name, scan=scan, d_state=5, **({"chunk_size": 16} if name == "mamba2" else {}))
     x_BTD = torch.randn(3, SEQ_LEN, 24)
     skip_BT = torch.rand(3, SEQ_LEN) < 0.3
     skip_BT[0, -4:] = True  # a run of skipped tokens at the end: the state must still be the kept one

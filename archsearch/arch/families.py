@@ -12,12 +12,14 @@ from typing import Any
 
 from archsearch.arch.spec import ArchSpec, LayerSpec
 from archsearch.arch.taper import taper_widths
-from archsearch.space.schema import ModelOptions
+from archsearch.space.schema import MAMBA2_AXES, ModelOptions
 
 SpecMaker = Callable[[int, int], ArchSpec]  # (d_model, total MLP width) -> spec
 
-LETTERS = {"A": "attention", "M": "mamba", "G": "gated_deltanet"}
+LETTERS = {"A": "attention", "M": "mamba", "S": "mamba2", "G": "gated_deltanet"}
+RATIO_LETTER = {"mamba": "M", "mamba2": "S", "gdn": "G"}  # hybrid.mixer -> the letter a ratio builds
 SINGLE_MIXER = {"transformer": "attention", "gated_attention": "gated_attention", "mamba": "mamba",
+                "mamba2": "mamba2",
                 "gdn": "gated_deltanet", "titans": "titans", "hope": "attention", "memory": "attention",
                 "hrm": "attention", "universal": "attention"}
 STRUCTURE = {"looped": "looped", "memory": "memory", "hrm": "hrm", "universal": "universal"}
@@ -44,7 +46,7 @@ def mixers_of(point: Mapping[str, Any], num_layers: int) -> list[str]:
     if family == "hybrid":
         pattern = point.get("hybrid.pattern")
         if not pattern:  # no pattern written: build one from the ratio
-            letter = "M" if point.get("hybrid.mixer", "mamba") == "mamba" else "G"
+            letter = RATIO_LETTER[point.get("hybrid.mixer", "mamba")]
             pattern = ratio_pattern(point.get("hybrid.ratio", "3:1"), num_layers, letter)
         return [LETTERS[c] for c in tiled(pattern, num_layers)]
     if family == "looped":
@@ -63,14 +65,16 @@ def spec_maker(point: Mapping[str, Any], options: ModelOptions, *, vocab_size: i
     family = point["family"]
     num_layers = layer_count(point)
     mixers = mixers_of(point, num_layers)
-    mlp = "cms" if family == "hope" else "swiglu"
+    mlp = "cms" if family == "hope" else point.get("mlp", "swiglu")
     structure, structure_options = _structure(point)
-    layer_options = {"gate": point["attention.gate"]} if family == "gated_attention" else {}
+    mixer_options = _mixer_options(point, mixers)
     made: dict[tuple[str, int], LayerSpec] = {}  # layers are frozen: share equal ones
 
     def layer(mixer: str, width: int) -> LayerSpec:
+        width = 0 if mlp == "none" else width  # mixer-only layers: the solver's width goes unused
         if (mixer, width) not in made:
-            made[mixer, width] = LayerSpec(mixer=mixer, mlp=mlp, mlp_width=width, options=layer_options)
+            made[mixer, width] = LayerSpec(mixer=mixer, mlp=mlp, mlp_width=width,
+                                           options=mixer_options.setdefault(mixer, {}))
         return made[mixer, width]
 
     def make(d_model: int, total_width: int) -> ArchSpec:
@@ -83,6 +87,17 @@ def spec_maker(point: Mapping[str, Any], options: ModelOptions, *, vocab_size: i
                         rope_theta=options.rope_theta)
 
     return make
+
+
+def _mixer_options(point: Mapping[str, Any], mixers: list[str]) -> dict[str, dict]:
+    """The options of each mixer this point's layers name, from its axes (one dict per mixer,
+    shared by its layers)."""
+    options: dict[str, dict] = {}
+    if point["family"] == "gated_attention":
+        options["gated_attention"] = {"gate": point["attention.gate"]}
+    if "mamba2" in mixers:
+        options["mamba2"] = {name.partition(".")[2]: point[name] for name in MAMBA2_AXES}
+    return options
 
 
 def _structure(point: Mapping[str, Any]) -> tuple[str, dict]:

@@ -17,7 +17,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from archsearch.errors import SpecError
 from archsearch.space.expr import Expr, ExprError, order_derived, parse
-from archsearch.space.schema import FAMILY_AXES, Axes, Axis, Space, Study
+from archsearch.space.schema import FAMILY_AXES, MAMBA2_AXES, Axes, Axis, Space, Study
 
 MAX_POINTS = 100_000
 # Trials one study may plan (points x targets x seeds x learning rates x arms):
@@ -223,6 +223,12 @@ def _canonical(point: dict) -> None:
         point["hybrid.pattern"] = "A"
     if point["family"] == "looped" and not point.get("exit_gate"):  # the gate's options need a gate
         for name in ("exit_threshold", "cache_hole", "exit_entropy"):
+            point.pop(name, None)
+    if point.get("mlp") == "none":  # no MLP: nothing to taper
+        point["taper.shape"], point["taper.ratio"] = "uniform", 1.0
+    if point["family"] in ("hybrid", "looped") and "S" not in point.get("hybrid.pattern", "") \
+            and point.get("hybrid.mixer") != "mamba2":  # no Mamba-2 layer reads these
+        for name in MAMBA2_AXES:
             point.pop(name, None)
 
 

@@ -25,7 +25,7 @@ from archsearch.space.training import Data, Recipe, Strict, TextData
 T = TypeVar("T")
 
 TAPER_SHAPES = ("uniform", "cosine", "linear", "sigmoid", "reverse", "step_early", "step_middle", "step_late")
-FAMILIES = ("transformer", "gated_attention", "mamba", "gdn", "hybrid", "looped", "memory", "gpn", "hrm",
+FAMILIES = ("transformer", "gated_attention", "mamba", "mamba2", "gdn", "hybrid", "looped", "memory", "gpn", "hrm",
             "universal", "titans", "hope")
 
 
@@ -110,11 +110,11 @@ class HybridAxes(Strict):
 
     ratio: axis(Annotated[str, Field(pattern=r"^\d{1,4}:\d{1,4}$"), AfterValidator(_ratio_has_layers)]) = Field(
         default="3:1", validate_default=True, description="recurrent:attention layers, evenly interleaved")
-    pattern: axis(Annotated[str, Field(pattern=r"^[MGA]*$", max_length=256)]) = Field(
+    pattern: axis(Annotated[str, Field(pattern=r"^[MSGA]*$", max_length=256)]) = Field(
         default="", validate_default=True,
-        description="layer letters, tiled to num_layers: M mamba, G gated deltanet, A attention; when set, "
-                    "used instead of ratio (looped: the shared group, default A)")
-    mixer: axis(Literal["mamba", "gdn"]) = fixed("mamba")
+        description="layer letters, tiled to num_layers: M mamba, S mamba-2 (SSD), G gated deltanet, "
+                    "A attention; when set, used instead of ratio (looped: the shared group, default A)")
+    mixer: axis(Literal["mamba", "mamba2", "gdn"]) = fixed("mamba")
 
     @model_validator(mode="after")
     def _pattern_or_ratio(self) -> HybridAxes:
@@ -126,6 +126,18 @@ class HybridAxes(Strict):
             raise ValueError("hybrid.pattern and hybrid.ratio are both given, and the pattern replaces the ratio; "
                              "keep one (or add '' to the patterns to also use the ratio)")
         return self
+
+
+class Mamba2Axes(Strict):
+    """Mamba-2 (SSD) layers, of the mamba2 family and S letters of hybrid and looped patterns."""
+
+    d_state: axis(PositiveInt) = Field(default=128, validate_default=True, description="state size N")
+    head_dim: axis(PositiveInt) = Field(
+        default=64, validate_default=True,
+        description="SSM head dim P; the inner width is the multiple of it nearest expand x d_model")
+    expand: axis(Annotated[float, Field(gt=0, le=8)]) = fixed(2.0)
+    chunk_size: axis(PositiveInt) = Field(default=64, validate_default=True,
+                                          description="steps per chunk of the SSD scan (speed only)")
 
 
 class MemoryAxes(Strict):
@@ -188,8 +200,12 @@ class Axes(Strict):
         description="looped with exit_gate, training: share of tokens that take a sampled exit")
     exit_entropy: axis(Annotated[float, Field(ge=0)]) = Field(
         default=0.05, validate_default=True, description="looped with exit_gate: beta of the entropy bonus")
+    mlp: axis(Literal["swiglu", "none"]) = Field(
+        default="swiglu", validate_default=True,
+        description="none: mixer-only layers, as the Mamba papers build them (mamba, mamba2)")
     attention: AttentionAxes = AttentionAxes()
     hybrid: HybridAxes = HybridAxes()
+    mamba2: Mamba2Axes = Mamba2Axes()
     memory: MemoryAxes = MemoryAxes()
     gpn: GpnAxes = GpnAxes()
     hrm: HrmAxes = HrmAxes()
@@ -393,15 +409,18 @@ class Study(Strict):
 
 
 _BASE = ("family", "num_layers", "taper.shape", "taper.ratio")
+MAMBA2_AXES = ("mamba2.d_state", "mamba2.head_dim", "mamba2.expand", "mamba2.chunk_size")
 # The axes each family reads; the others are dropped from its points, so a
 # transformer is not planned once per loop count.
 FAMILY_AXES: dict[str, tuple[str, ...]] = {
     "transformer": _BASE,
     "gated_attention": _BASE + ("attention.gate",),
-    "mamba": _BASE,
+    "mamba": _BASE + ("mlp",),
+    "mamba2": _BASE + ("mlp",) + MAMBA2_AXES,
     "gdn": _BASE,
-    "hybrid": _BASE + ("hybrid.ratio", "hybrid.pattern", "hybrid.mixer"),
-    "looped": _BASE + ("loops", "exit_gate", "exit_threshold", "cache_hole", "exit_entropy", "hybrid.pattern"),
+    "hybrid": _BASE + ("hybrid.ratio", "hybrid.pattern", "hybrid.mixer") + MAMBA2_AXES,
+    "looped": _BASE + ("loops", "exit_gate", "exit_threshold", "cache_hole", "exit_entropy", "hybrid.pattern")
+    + MAMBA2_AXES,
     "memory": _BASE + ("memory.placement", "memory.slots", "memory.width", "memory.segment", "memory.aux",
                        "memory.aux_weight", "memory.carry"),
     "gpn": ("family", "taper.shape", "taper.ratio", "gpn.layers", "gpn.memory", "gpn.d_emb", "gpn.mem_heads",

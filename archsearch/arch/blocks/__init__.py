@@ -16,6 +16,7 @@ from archsearch.arch.blocks import (
     gated_deltanet,
     hope,
     mamba,
+    mamba2,
     swiglu,
     titans,
 )
@@ -53,6 +54,7 @@ MIXERS: dict[str, Block] = {
     "gated_attention": Block(gated_attention.GatedAttention, gated_attention.params, gated_attention.flops,
                              gated_attention.mixing, gated_attention.state),
     "mamba": Block(mamba.Mamba, mamba.params, mamba.flops, mamba.mixing, mamba.state),
+    "mamba2": Block(mamba2.Mamba2, mamba2.params, mamba2.flops, mamba2.mixing, mamba2.state),
     "gated_deltanet": Block(gated_deltanet.GatedDeltaNet, gated_deltanet.params, gated_deltanet.flops,
                             gated_deltanet.mixing, gated_deltanet.state),
     "titans": Block(titans.Titans, titans.params, titans.flops, titans.mixing, titans.state),

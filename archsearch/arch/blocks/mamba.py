@@ -117,21 +117,27 @@ class Mamba(nn.Module):
         return (y_BTD, state_BEN) if return_last_state else y_BTD
 
     def causal_conv(self, x_BTE: torch.Tensor, skip_BT: torch.Tensor | None) -> torch.Tensor:
-        """Depthwise conv over each step and the k-1 steps before it: [B, T, E] -> [B, T, E].
+        """The depthwise causal conv over [B, T, E], skipping ``skip_BT`` tokens (``causal_conv``)."""
+        return causal_conv(self.conv, x_BTE, skip_BT)
 
-        With ``skip_BT``, kept tokens are packed to the front (in order), convolved and put
-        back, so a kept token's window holds the k-1 kept tokens before it, as a cached
-        decoder that never fed the skipped ones would see. Skipped tokens get 0.
-        """
-        x_BET = x_BTE.transpose(1, 2)
-        # left padding only, so the conv is causal and torch counts exactly k MACs per output
-        if skip_BT is None:
-            return self.conv(F.pad(x_BET, (self.sizes.conv - 1, 0))).transpose(1, 2)
-        order_BT = torch.argsort(skip_BT.to(torch.int8), dim=1, stable=True)
-        index_BET = order_BT[:, None, :].expand_as(x_BET)
-        packed_BET = self.conv(F.pad(x_BET.gather(2, index_BET), (self.sizes.conv - 1, 0)))
-        out_BET = torch.zeros_like(packed_BET).scatter(2, index_BET, packed_BET)
-        return out_BET.masked_fill(skip_BT[:, None, :], 0.0).transpose(1, 2)
+
+def causal_conv(conv: nn.Conv1d, x_BTE: torch.Tensor, skip_BT: torch.Tensor | None) -> torch.Tensor:
+    """Depthwise ``conv`` over each step and the k-1 steps before it: [B, T, E] -> [B, T, E].
+
+    With ``skip_BT``, kept tokens are packed to the front (in order), convolved and put
+    back, so a kept token's window holds the k-1 kept tokens before it, as a cached
+    decoder that never fed the skipped ones would see. Skipped tokens get 0.
+    """
+    x_BET = x_BTE.transpose(1, 2)
+    width = conv.kernel_size[0]
+    # left padding only, so the conv is causal and torch counts exactly k MACs per output
+    if skip_BT is None:
+        return conv(F.pad(x_BET, (width - 1, 0))).transpose(1, 2)
+    order_BT = torch.argsort(skip_BT.to(torch.int8), dim=1, stable=True)
+    index_BET = order_BT[:, None, :].expand_as(x_BET)
+    packed_BET = conv(F.pad(x_BET.gather(2, index_BET), (width - 1, 0)))
+    out_BET = torch.zeros_like(packed_BET).scatter(2, index_BET, packed_BET)
+    return out_BET.masked_fill(skip_BT[:, None, :], 0.0).transpose(1, 2)
 
 
 def params(spec: ArchSpec, layer: LayerSpec) -> int:
