@@ -236,3 +236,18 @@ def test_layer_profiles_replace_one_setting_and_keep_the_others(tmp_path):
         got = store.layer_profiles("a", "rho").to_pylist()
     assert [(r["layer"], r["metric"], r["value"]) for r in got] == [(None, "spearman", 0.9), (0, "rho", 2.0)]
     assert '"mode"' in got[1]["setting"]
+
+
+def test_an_interrupted_query_reaches_the_caller_as_keyboard_interrupt(tmp_path, monkeypatch):
+    """Ctrl-C during a DuckDB statement comes back from DuckDB as "Query
+    interrupted"; the store turns it into the KeyboardInterrupt the CLI
+    answers with exit 130 and the resume command."""
+    store = A.open_store(tmp_path / "s.duckdb")
+    with pytest.raises(KeyboardInterrupt):
+        with store.transaction() as con:
+            con.execute("SELECT 1")
+            raise RuntimeError("Query interrupted")
+    with pytest.raises(RuntimeError, match="other"):
+        with store.transaction():
+            raise RuntimeError("other")
+    assert store.trials().num_rows == 0  # the store is still usable

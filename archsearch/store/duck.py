@@ -14,7 +14,7 @@ import math
 import subprocess
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import datetime, timezone
 from functools import lru_cache
 from pathlib import Path
@@ -137,6 +137,12 @@ class Store:
                 delay = min(2 * delay, 0.1)
         try:
             yield con
+        except (duckdb.InterruptException, RuntimeError) as err:
+            # Ctrl-C while DuckDB works reaches us as its "Query interrupted"
+            # error, not as KeyboardInterrupt: give the caller the interrupt it means
+            if "interrupt" not in str(err).lower():
+                raise
+            raise KeyboardInterrupt from None
         finally:
             con.close()
 
@@ -151,7 +157,8 @@ class Store:
             try:
                 yield con
             except BaseException:
-                con.execute("ROLLBACK")
+                with suppress(duckdb.Error, RuntimeError):  # an interrupted one may be gone already
+                    con.execute("ROLLBACK")
                 raise
             con.execute("COMMIT")
 
