@@ -70,3 +70,12 @@ def test_every_figure_in_performance_md_names_the_command_that_made_it():
             words = command.split()
             if words[0] == "python":
                 assert (root / words[1]).is_file(), f"section '{title}': {words[1]} does not exist"
+
+
+def test_every_key_on_the_dsl_page_has_a_type_a_default_a_meaning_and_an_example():
+    rows = [line for line in (DOCS / "dsl.md").read_text().splitlines()
+            if line.startswith("| `") and not line.startswith("| key")]
+    assert len(rows) > 100
+    for row in rows:
+        cells = [cell.strip() for cell in row.strip("|").split(" | ")]
+        assert len(cells) >= 5 and all(cells[:5]), row

@@ -71,8 +71,8 @@ def axis(inner: Any) -> Any:
         inner, list[inner], Axis[inner]])]
 
 
-def fixed(value: Any) -> Any:
-    return Field(default=value, validate_default=True)
+def fixed(value: Any, description: str | None = None) -> Any:
+    return Field(default=value, validate_default=True, description=description)
 
 
 PositiveInt = Annotated[int, Field(ge=1)]
@@ -114,7 +114,7 @@ class HybridAxes(Strict):
         default="", validate_default=True,
         description="layer letters, tiled to num_layers: M mamba, S mamba-2 (SSD), G gated deltanet, "
                     "A attention; when set, used instead of ratio (looped: the shared group, default A)")
-    mixer: axis(Literal["mamba", "mamba2", "gdn"]) = fixed("mamba")
+    mixer: axis(Literal["mamba", "mamba2", "gdn"]) = fixed("mamba", "the recurrent mixer a ratio interleaves with attention")
 
     @model_validator(mode="after")
     def _pattern_or_ratio(self) -> HybridAxes:
@@ -135,7 +135,7 @@ class Mamba2Axes(Strict):
     head_dim: axis(PositiveInt) = Field(
         default=64, validate_default=True,
         description="SSM head dim P; the inner width is the multiple of it nearest expand x d_model")
-    expand: axis(Annotated[float, Field(gt=0, le=8)]) = fixed(2.0)
+    expand: axis(Annotated[float, Field(gt=0, le=8)]) = fixed(2.0, "inner width over d_model")
     chunk_size: axis(PositiveInt) = Field(default=64, validate_default=True,
                                           description="steps per chunk of the SSD scan (speed only)")
 
@@ -144,14 +144,14 @@ class MemoryAxes(Strict):
     placement: axis(Union[Annotated[int, Field(ge=0)], None]) = Field(
         default=None, validate_default=True,
         description="the memory sits after this layer index; null: between the halves (3 and 3 of 6 layers)")
-    slots: axis(PositiveInt) = fixed(8)
+    slots: axis(PositiveInt) = fixed(8, "memory slots the GRU keeps")
     width: axis(Annotated[int, Field(ge=0)]) = Field(default=0, validate_default=True,
                                      description="memory slot width; 0 = 0.53 x d_model (the paper's +3.7%)")
-    segment: axis(PositiveInt) = fixed(32)
+    segment: axis(PositiveInt) = fixed(32, "tokens per segment between memory reads and writes")
     aux: axis(Literal["none", "self", "random"]) = Field(
         default="none", validate_default=True,
         description="auxiliary loss: self = the state predicts its next state; random = the noise control")
-    aux_weight: axis(Annotated[float, Field(ge=0)]) = fixed(0.1)
+    aux_weight: axis(Annotated[float, Field(ge=0)]) = fixed(0.1, "weight of the auxiliary loss in the training loss")
     carry: axis(bool) = Field(default=False, validate_default=True,
                               description="carry the state across consecutive batches of a stream (text data)")
 
@@ -159,7 +159,7 @@ class MemoryAxes(Strict):
 class GpnAxes(Strict):
     """GPN's layers and widths; 0 keeps the structure's default."""
 
-    layers: axis(Literal[1, 2]) = fixed(1)
+    layers: axis(Literal[1, 2]) = fixed(1, "recurrent blocks of the GPN")
     memory: axis(bool) = Field(default=False, validate_default=True, description="GPN+M")
     d_emb: axis(Annotated[int, Field(ge=0)]) = Field(
         default=0, validate_default=True, description="embedding width; 0 = d_model (the paper: 768 at d 2496)")
@@ -185,12 +185,12 @@ class HrmAxes(Strict):
 
 
 class Axes(Strict):
-    family: axis(Literal[FAMILIES]) = fixed("transformer")
+    family: axis(Literal[FAMILIES]) = fixed("transformer", "the model family; each reads only its own axes")
     num_layers: axis(Annotated[int, Field(ge=1, le=256)]) = Field(description="number of layers")
     taper: TaperAxes = TaperAxes()
     loops: axis(Annotated[int, Field(ge=1, le=64)]) = Field(
         default=2, validate_default=True, description="applications of a shared group (looped, universal)")
-    exit_gate: axis(bool) = fixed(False)
+    exit_gate: axis(bool) = fixed(False, "looped: an Ouro exit gate after every loop")
     exit_threshold: axis(Union[Annotated[float, Field(gt=0, le=1)], None]) = Field(
         default=None, validate_default=True,
         description="looped with exit_gate, evaluation: a token exits once its cumulative exit probability "
@@ -203,12 +203,12 @@ class Axes(Strict):
     mlp: axis(Literal["swiglu", "none"]) = Field(
         default="swiglu", validate_default=True,
         description="none: mixer-only layers, as the Mamba papers build them (mamba, mamba2)")
-    attention: AttentionAxes = AttentionAxes()
+    attention: AttentionAxes = Field(default=AttentionAxes(), description="gated attention's gate")
     hybrid: HybridAxes = HybridAxes()
     mamba2: Mamba2Axes = Mamba2Axes()
-    memory: MemoryAxes = MemoryAxes()
+    memory: MemoryAxes = Field(default=MemoryAxes(), description="the persistent memory of the memory family")
     gpn: GpnAxes = GpnAxes()
-    hrm: HrmAxes = HrmAxes()
+    hrm: HrmAxes = Field(default=HrmAxes(), description="HRM-LM's slow and fast loops and training options")
 
 
 class ModelOptions(Strict):
@@ -218,8 +218,8 @@ class ModelOptions(Strict):
     mlp_ratio: float = Field(default=8 / 3, gt=0, le=16, description="mean MLP width over d_model")
     multiple_of: int = Field(default=8, ge=1, le=1024, description="every MLP width is a multiple of it")
     d_model: int | None = Field(default=None, ge=4, le=65_536, description="fixed width, for budget.solve_for: mlp")
-    rope_theta: float = Field(default=10_000.0, gt=0)
-    tie_embeddings: bool = True
+    rope_theta: float = Field(default=10_000.0, gt=0, description="RoPE base frequency")
+    tie_embeddings: bool = Field(default=True, description="the LM head shares the input embedding")
 
 
 INCLUDE = Field(default=None, description="file(s) whose keys this file starts from (relative paths); "
@@ -230,8 +230,8 @@ class Space(Strict):
     """The design axes, derived values and constraints of a search."""
 
     include: Union[str, list[str], None] = INCLUDE
-    name: str = Field(default="space", max_length=NAME_LIMIT)
-    axes: Axes
+    name: str = Field(default="space", max_length=NAME_LIMIT, description="a label for the space")
+    axes: Axes = Field(description="the design axes: each a value, a list, a range or a conditional")
     derived: dict[str, str] = Field(
         default_factory=dict, description="name: expression over axes (dots become underscores: taper_ratio)")
     constraints: list[str] = Field(default_factory=list, description="expressions every point must satisfy")
@@ -243,9 +243,9 @@ class Space(Strict):
 class Ladder(Strict):
     """A geometric ladder of ``count`` targets from ``start`` to ``stop``."""
 
-    start: float = Field(gt=0)
-    stop: float = Field(gt=0)
-    count: int = Field(ge=2, le=1000)
+    start: float = Field(gt=0, description="the smallest target")
+    stop: float = Field(gt=0, description="the largest target")
+    count: int = Field(ge=2, le=1000, description="targets, evenly spaced in log between start and stop")
 
 
 class Budget(Strict):
@@ -383,12 +383,14 @@ class Study(Strict):
         pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$", max_length=NAME_LIMIT,
         description=f"letters, digits, _ . - (not first: . -), at most {NAME_LIMIT}; it names the report file")
     space: Union[str, Space] = Field(description="path to a space file (relative to this file), or inline")
-    budget: Budget
-    data: Data = TextData()
+    budget: Budget = Field(description="what every trial is matched on, and the ladder of targets")
+    data: Data = Field(default=TextData(), description="what trials train and evaluate on: text (default), "
+                                                       "mqar, a synthetic task, or a mix")
     recipe: Recipe = Recipe()
-    seeds: list[Seed] = Field(default=[0], min_length=1)
+    seeds: list[Seed] = Field(default=[0], min_length=1, description="every point trains once per seed")
     search: Search = Search()
-    execution: Execution = Execution()
+    execution: Execution = Field(default=Execution(), description="how trials run: parallelism, resources, "
+                                                                  "retries, checkpoint storage")
     _origin: Any = PrivateAttr(default=None)
 
     @model_validator(mode="after")

@@ -41,8 +41,8 @@ class HubSource(Strict):
 
     name: str = Field(description="dataset on the hub, or a builder such as parquet with data_files")
     config: str | None = Field(default=None, description="the dataset's configuration (subset)")
-    split: str = "train"
-    data_files: list[str] | None = None
+    split: str = Field(default="train", description="the dataset's split to read")
+    data_files: list[str] | None = Field(default=None, description="local files for a builder such as parquet")
     revision: str | None = Field(default=None, description="pin a commit so the corpus never changes")
     streaming: bool = Field(default=True, description="read documents as they arrive; stops at max_bytes")
 
@@ -54,7 +54,7 @@ class TextData(Strict):
     split never leaks a document and never changes.
     """
 
-    kind: Literal["text"] = "text"
+    kind: Literal["text"] = Field(default="text", description="text (the default when kind is left out)")
     paths: list[str] | None = Field(
         default=None, description="files or folders (.txt and other text, .jsonl, .parquet); "
                                   "default: the Python stdlib's source")
@@ -69,8 +69,8 @@ class TextData(Strict):
     cache_dir: str | None = Field(
         default=None, description="token cache; default $ARCHSEARCH_CACHE or ~/.cache/archsearch "
                                   "(byte-level without it stays in memory)")
-    seq_len: int = Field(default=128, ge=2, le=1 << 16)
-    val_fraction: float = Field(default=0.1, gt=0, lt=1)
+    seq_len: int = Field(default=128, ge=2, le=1 << 16, description="tokens per training row")
+    val_fraction: float = Field(default=0.1, gt=0, lt=1, description="share of documents held out for validation")
     max_bytes: int = Field(default=4_000_000, ge=1024, le=1 << 40, description="read at most this much text")
 
     @model_validator(mode="before")
@@ -93,16 +93,16 @@ class TextData(Strict):
 class MqarData(Strict):
     """Multi-query associative recall, generated on the fly."""
 
-    kind: Literal["mqar"]
-    seq_len: int = Field(default=64, ge=8, le=1 << 16)
-    vocab_size: int = Field(default=256, ge=16, le=MAX_VOCAB)
-    num_pairs: int = Field(default=8, ge=1, le=MAX_VOCAB)
+    kind: Literal["mqar"] = Field(description="multi-query associative recall")
+    seq_len: int = Field(default=64, ge=8, le=1 << 16, description="tokens per row")
+    vocab_size: int = Field(default=256, ge=16, le=MAX_VOCAB, description="keys and values are drawn from it")
+    num_pairs: int = Field(default=8, ge=1, le=MAX_VOCAB, description="key-value pairs per row, each queried")
 
 
 class TaskData(Strict):
     """Any synthetic task of ``archsearch.data.synthetic.TASKS`` by name, with its parameters."""
 
-    kind: Literal["task"]
+    kind: Literal["task"] = Field(description="a synthetic task by name")
     name: Literal[TASK_NAMES] = Field(description=", ".join(TASK_NAMES))
     params: dict[str, Any] = Field(default_factory=dict, description="the task's own fields (seq_len, ...)")
 
@@ -121,15 +121,15 @@ Part = Annotated[Union[Annotated[TextData, Tag("text")], Annotated[MqarData, Tag
 class MixPart(Strict):
     """One source of a mix, drawn for a share ``weight / sum(weights)`` of every batch's rows."""
 
-    weight: float = Field(default=1.0, gt=0)
-    source: Part
+    weight: float = Field(default=1.0, gt=0, description="share of every batch's rows: weight / sum of weights")
+    source: Part = Field(description="text, mqar or a task")
 
 
 class MixData(Strict):
     """Several sources sharing one vocabulary, mixed row by row; shorter rows are padded and unscored."""
 
-    kind: Literal["mix"]
-    sources: list[MixPart] = Field(min_length=1)
+    kind: Literal["mix"] = Field(description="several sources mixed row by row")
+    sources: list[MixPart] = Field(min_length=1, description="the sources and their weights")
 
 
 Data = Annotated[Union[Annotated[TextData, Tag("text")], Annotated[MqarData, Tag("mqar")],
@@ -139,7 +139,8 @@ Data = Annotated[Union[Annotated[TextData, Tag("text")], Annotated[MqarData, Tag
 class LrSweep(Strict):
     """A small learning-rate sweep for every arm; the best run per arm counts."""
 
-    sweep: list[Annotated[float, Field(gt=0, le=1)]] = Field(min_length=1, max_length=32)
+    sweep: list[Annotated[float, Field(gt=0, le=1)]] = Field(min_length=1, max_length=32,
+                                                             description="peak learning rates, each run per arm")
 
 
 class Recipe(Strict):
@@ -152,10 +153,10 @@ class Recipe(Strict):
     https://arxiv.org/abs/2203.15556).
     """
 
-    steps: int = Field(default=200, ge=1, le=10**9)
+    steps: int = Field(default=200, ge=1, le=10**9, description="optimizer steps (unless tokens is set)")
     tokens: int | str | None = Field(
         default=None, description='training tokens, or "20x" tokens per non-embedding parameter; overrides steps')
-    batch_size: int = Field(default=16, ge=1, le=1 << 20)
+    batch_size: int = Field(default=16, ge=1, le=1 << 20, description="rows per optimizer step")
     grad_accum: int = Field(default=1, ge=1, le=1 << 20, description="micro-batches per step; divides batch_size")
     lr: Union[Annotated[float, Field(gt=0, le=1)], LrSweep] = Field(
         default=3e-3, description="peak learning rate, or {sweep: [...]}: every arm runs each and keeps its best, "
@@ -163,14 +164,14 @@ class Recipe(Strict):
     schedule: Literal["cosine", "wsd"] = Field(
         default="cosine", description="cosine: decay from warmup on; wsd: constant, then decay_fraction linear decay")
     decay_fraction: float = Field(default=0.2, gt=0, le=1, description="wsd: share of steps spent decaying")
-    warmup_steps: int = Field(default=20, ge=0)
-    min_lr_ratio: float = Field(default=0.1, ge=0, le=1)
-    weight_decay: float = Field(default=0.1, ge=0)
-    beta1: float = Field(default=0.9, ge=0, lt=1)
-    beta2: float = Field(default=0.95, ge=0, lt=1)
-    grad_clip: float = Field(default=1.0, gt=0)
-    eval_every: int = Field(default=50, ge=1)
-    eval_batches: int = Field(default=4, ge=1)
+    warmup_steps: int = Field(default=20, ge=0, description="linear warmup to lr")
+    min_lr_ratio: float = Field(default=0.1, ge=0, le=1, description="the schedule's floor over lr")
+    weight_decay: float = Field(default=0.1, ge=0, description="AdamW's, on matrices only (not norms, biases, A, D)")
+    beta1: float = Field(default=0.9, ge=0, lt=1, description="AdamW's first-moment decay")
+    beta2: float = Field(default=0.95, ge=0, lt=1, description="AdamW's second-moment decay")
+    grad_clip: float = Field(default=1.0, gt=0, description="largest gradient norm")
+    eval_every: int = Field(default=50, ge=1, description="steps between evaluations (and checkpoints)")
+    eval_batches: int = Field(default=4, ge=1, description="validation batches per evaluation, the same each time")
     autocast: Literal["auto", "bf16", "off"] = Field(default="auto", description="auto: bf16 on CUDA, off on CPU")
     compile: bool = Field(default=False, description="torch.compile the model")
     gate_steps: int = Field(
