@@ -2,6 +2,10 @@
 other ranks as Ray tasks and they meet in a torch.distributed rendezvous
 (gloo on CPU, NCCL on GPU) that rank 0 hosts. The training itself, DDP
 included, is ``archsearch.train``'s and knows nothing of Ray.
+
+On a node whose Ray address is loopback (the private embedded Ray) the
+rendezvous is a file and gloo binds to ``lo``, so nothing listens beyond
+127.0.0.1; on a cluster it is a TCP store on rank 0's node address.
 """
 
 from __future__ import annotations
@@ -32,23 +36,29 @@ def data_parallel_ranks(payload: dict) -> Iterator[Any]:
     if count == 1:
         yield None
         return
-    host = ray.util.get_node_ip_address()
-    store = dist.TCPStore(host, 0, world_size=count, is_master=True, timeout=RENDEZVOUS_TIMEOUT, wait_for_workers=False)
+    host, folder = ray.util.get_node_ip_address(), None
+    if host in LOOPBACK:
+        folder = tempfile.mkdtemp(prefix="archsearch-ddp-")
+        meeting, store = f"{folder}/store", None
+    else:
+        store = dist.TCPStore(host, 0, world_size=count, is_master=True, timeout=RENDEZVOUS_TIMEOUT,
+                              wait_for_workers=False)
+        meeting = f"{host}:{store.port}"
     helper = ray.remote(**payload["workers"]["options"])(_other_rank)
-    others = [helper.remote(payload, rank=index, host=host, port=store.port) for index in range(1, count)]
+    others = [helper.remote(payload, rank=index, meeting=meeting) for index in range(1, count)]
     try:
-        with _group(rank=0, count=count, host=host, store=store, gpus=payload["workers"]["options"]["num_gpus"]) as rank:
+        with _group(rank=0, payload=payload, meeting=meeting, store=store) as rank:
             yield rank
         ray.get(others)
     finally:
         for other in others:
             ray.cancel(other, force=True)
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
-def _other_rank(payload: dict, *, rank: int, host: str, port: int) -> None:
+def _other_rank(payload: dict, *, rank: int, meeting: str) -> None:
     """Ranks 1..N-1: the same training, reading the trial's checkpoint, writing nothing."""
-    import torch.distributed as dist
-
     from archsearch.arch.spec import ArchSpec
     from archsearch.train import checkpoint, train_trial
 
@@ -57,10 +67,7 @@ def _other_rank(payload: dict, *, rank: int, host: str, port: int) -> None:
     try:
         if local is not None:
             checkpoint.pull(location, local)
-        store = dist.TCPStore(host, port, world_size=payload["workers"]["count"], is_master=False,
-                              timeout=RENDEZVOUS_TIMEOUT)
-        with _group(rank=rank, count=payload["workers"]["count"], host=host, store=store,
-                    gpus=payload["workers"]["options"]["num_gpus"]) as this:
+        with _group(rank=rank, payload=payload, meeting=meeting) as this:
             train_trial(spec=ArchSpec.from_dict(payload["spec"]), recipe=payload["recipe"], data=payload["data"],
                         seed=payload["seed"], threads=payload["threads"], checkpoint_dir=local or location,
                         stop_at=payload["stop_at"], rank=this)
@@ -70,15 +77,22 @@ def _other_rank(payload: dict, *, rank: int, host: str, port: int) -> None:
 
 
 @contextmanager
-def _group(*, rank: int, count: int, host: str, store: Any, gpus: float) -> Iterator[Any]:
-    """The default process group over ``store``, torn down afterwards (Ray reuses worker processes)."""
+def _group(*, rank: int, payload: dict, meeting: str, store: Any = None) -> Iterator[Any]:
+    """The default process group met at ``meeting`` (a file path, or HOST:PORT
+    of rank 0's TCP store), torn down afterwards (Ray reuses worker processes)."""
     import torch
     import torch.distributed as dist
 
     from archsearch.train.distributed import Rank
 
-    if host in LOOPBACK:  # gloo would otherwise listen on the machine's network address
-        os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    count = payload["workers"]["count"]
+    if store is None and meeting.startswith("/"):
+        store = dist.FileStore(meeting, count)
+        os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # else gloo listens on the machine's network address
+    elif store is None:
+        host, _, port = meeting.rpartition(":")
+        store = dist.TCPStore(host, int(port), world_size=count, is_master=False, timeout=RENDEZVOUS_TIMEOUT)
+    gpus = payload["workers"]["options"]["num_gpus"]
     backend = "nccl" if gpus and torch.cuda.is_available() else "gloo"
     dist.init_process_group(backend, store=store, rank=rank, world_size=count, timeout=RENDEZVOUS_TIMEOUT)
     try:
