@@ -173,7 +173,9 @@ def _asking(address: str, call: Callable[[], Any], *, job_id: str | None = None)
         return call()
     except AuthenticationError as err:
         reason = str(err).strip().splitlines()[0]
-        raise ArchsearchError(f"the job server at {address} refused the request ({reason}); {AUTH_HINT}") from None
+        hint = AUTH_HINT if _token_mode() or "RAY_AUTH_MODE" not in os.environ else \
+            f"RAY_AUTH_MODE is '{os.environ['RAY_AUTH_MODE']}' here: set it to token (or unset it)"
+        raise ArchsearchError(f"the job server at {address} refused the request ({reason}); {hint}") from None
     except ConnectionError:
         raise ArchsearchError(f"cannot reach a Ray job server at {address}; start the cluster with "
                               "`ray start --head --include-dashboard=true` (it needs ray[default] there) and give "
