@@ -503,5 +503,6 @@ def test_a_trial_on_two_data_parallel_workers_trains_as_one_on_the_same_global_b
 
 def test_workers_that_cannot_split_the_batch_are_refused_in_one_line(tmp_path, corpus):
     path = write_study(tmp_path, corpus, execution="workers_per_trial: 3\n")
-    with pytest.raises(A.SpecError, match=r"execution.workers_per_trial: 3 workers .* batch_size 4"):
+    with pytest.raises(A.SpecError,
+                       match=r"study.yaml:\d+: execution.workers_per_trial: 3 workers .* recipe.batch_size 4 evenly"):
         A.load_study(path)

@@ -147,3 +147,51 @@ def test_a_failed_job_ends_wait_non_zero_and_a_bad_token_is_one_line(cluster, jo
     assert wrong.returncode == 1
     assert wrong.stderr.startswith(f"error: the job server at {url} refused the request"), wrong.stderr
     assert "ray get-auth-token" in wrong.stderr and wrong.stderr.count("\n") == 1
+
+
+# without a cluster
+
+
+def test_the_staged_job_folder_holds_a_study_that_plans_the_same_trials_alone(job_study, tmp_path):
+    """What travels: one self-contained study file (space inlined, --set
+    applied), its corpus copied in, and this code; loaded from there alone
+    it plans the same models."""
+    from archsearch.execute.jobs import STUDY_FILE, _staged
+
+    study = A.load_study(job_study, overrides=["recipe.steps=3"])
+    with _staged(study) as folder:
+        moved = shutil.move(str(folder), tmp_path / "job")  # nothing outside it is needed
+    staged = A.load_study(Path(moved) / STUDY_FILE)
+    assert staged.recipe.steps == 3 and isinstance(staged.space, type(study.space))
+    assert [(t.spec, t.params) for t in A.plan(staged)] == [(t.spec, t.params) for t in A.plan(study)]
+    assert sorted(p.name for p in (Path(moved) / "data" / "0-corpus").iterdir()) == \
+        sorted(p.name for p in Path(study.data.paths[0]).iterdir())
+    assert (Path(moved) / "archsearch" / "cli.py").exists() and not list(Path(moved).rglob("__pycache__"))
+
+
+@pytest.mark.parametrize(("store", "expected"), [
+    ("/data/s.duckdb", "--store /data/s.duckdb --report /data/s.html"),
+    ("runs/my s.duckdb", """--store "$HOME"/'runs/my s.duckdb' --report "$HOME"/'runs/my s.html'"""),
+], ids=["absolute", "relative"])
+def test_the_job_runs_archsearch_on_the_cluster_with_the_store_there(store, expected):
+    from archsearch.execute.jobs import entrypoint
+
+    assert entrypoint(store) == f"python -m archsearch.cli run study.yaml --address auto {expected}"
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["submit", "STUDY", "--address", "http://127.0.0.1:PORT"], "error: cannot reach a Ray job server at "),
+    (["submit", "STUDY", "--address", "ray://head:10001"], "error: --address 'ray://head:10001': give the "),
+    (["status", "--job", "j1"], "error: --job j1: give the cluster's job server with --address"),
+], ids=["unreachable", "ray-client-address", "status-without-address"])
+def test_job_commands_fail_in_one_line(args, message, job_study, monkeypatch):
+    from typer.testing import CliRunner
+
+    from archsearch.cli import app
+
+    monkeypatch.delenv("RAY_API_SERVER_ADDRESS", raising=False)
+    (port,) = free_ports(1)
+    args = [str(job_study) if a == "STUDY" else a.replace("PORT", str(port)) for a in args]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code in (1, 2) and result.output.startswith(message), result.output
+    assert result.output.count("\n") == 1
