@@ -163,6 +163,20 @@ def cmdline(pid: int) -> str:
         return ""
 
 
+def stop_cluster(folder: str) -> None:
+    """SIGKILL the Ray processes ``ray start --temp-dir`` started under
+    ``folder`` (never `ray stop`, which stops every Ray on the machine), and remove it."""
+    import shutil
+
+    daemons = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and folder in cmdline(int(p.name))]
+    for pid in {*daemons, *(child for pid in daemons for child in descendants(pid))}:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 def snapshot(store: Path) -> tuple[dict, dict]:
     """Trials (result columns only: timing left out) and curves of a store."""
     with A.open_store(store, read_only=True) as db:
@@ -444,7 +458,6 @@ def test_address_auto_joins_a_cluster_started_with_ray_start(tiny_study, tmp_pat
     RAY_TMPDIR as `auto` would find /tmp/ray): the study runs on it, with the
     warning about its address being reachable without authentication.
     The cluster is stopped by the process ids of its processes."""
-    import shutil
     import tempfile
 
     folder = tempfile.mkdtemp(prefix="asrt-", dir="/tmp")  # short: Ray's socket paths are capped
@@ -464,13 +477,7 @@ def test_address_auto_joins_a_cluster_started_with_ray_start(tiny_study, tmp_pat
         with A.open_store(store, read_only=True) as db:
             assert {r["status"] for r in db.trials().to_pylist()} == {"completed"}
     finally:
-        daemons = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and folder in cmdline(int(p.name))]
-        for pid in {*daemons, *(child for pid in daemons for child in descendants(pid))}:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        shutil.rmtree(folder, ignore_errors=True)
+        stop_cluster(folder)
 
 
 @pytest.mark.ray

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -21,7 +20,7 @@ import pytest
 
 import archsearch as A
 from tests.conftest import TINY_SPACE, tiny_study_text
-from tests.test_execute import cmdline, descendants
+from tests.test_execute import stop_cluster
 
 ROOT = Path(__file__).resolve().parents[1]
 RAY = [sys.executable, "-m", "ray.scripts.scripts"]
@@ -68,13 +67,7 @@ def cluster():
         assert second.returncode == 0, second.stderr[-2000:]
         yield f"http://127.0.0.1:{dashboard}", env
     finally:
-        daemons = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and folder in cmdline(int(p.name))]
-        for pid in {*daemons, *(child for pid in daemons for child in descendants(pid))}:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        shutil.rmtree(folder, ignore_errors=True)
+        stop_cluster(folder)
 
 
 def client_env(env: dict, **changes: str | None) -> dict:
