@@ -92,8 +92,9 @@ def _group(*, rank: int, payload: dict, meeting: str, store: Any = None) -> Iter
     elif store is None:
         host, _, port = meeting.rpartition(":")
         store = dist.TCPStore(host, int(port), world_size=count, is_master=False, timeout=RENDEZVOUS_TIMEOUT)
+    # NCCL wants one GPU per rank: workers sharing one (a fraction each) talk through gloo.
     gpus = payload["workers"]["options"]["num_gpus"]
-    backend = "nccl" if gpus and torch.cuda.is_available() else "gloo"
+    backend = "nccl" if gpus >= 1 and torch.cuda.is_available() else "gloo"
     dist.init_process_group(backend, store=store, rank=rank, world_size=count, timeout=RENDEZVOUS_TIMEOUT)
     try:
         yield Rank(rank=rank, world=count, group=dist.group.WORLD)
