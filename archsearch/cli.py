@@ -157,19 +157,75 @@ def _default_report(study: str | None) -> Path:
     return Path("reports") / f"{study or 'all'}.html"
 
 
+JobAddressOpt = Annotated[Optional[str], typer.Option(
+    "--address", envvar="RAY_API_SERVER_ADDRESS", help="the cluster's Ray job server, http://HOST:8265")]
+LOG_TAIL = 20
+
+
+@app.command()
+@user_errors
+def submit(study: StudyArg, address: Annotated[str, typer.Option(
+               envvar="RAY_API_SERVER_ADDRESS", help="the cluster's Ray job server, http://HOST:8265")],
+           store: Annotated[Path, typer.Option("--store", help="results store on the cluster's head node "
+                                                             "(relative: to the home folder there)")] = DEFAULT_STORE,
+           wait: Annotated[bool, typer.Option("--wait", help="follow the job's log to its end; exit 1 if it "
+                                                            "failed")] = False,
+           overrides: SetOpt = None):
+    """Send the study to a Ray cluster as a Ray job; prints the job id."""
+    import archsearch as A
+    from archsearch.execute import jobs
+
+    job_id = jobs.submit_study(A.load_study(study, overrides=overrides or ()), address=address, store=str(store))
+    typer.echo(job_id)
+    if not wait:
+        typer.echo(f"follow it with: archsearch status --job {job_id} --address {address}", err=True)
+        return
+    state, message = jobs.follow(address, job_id, echo=lambda text: typer.echo(text, nl=False, err=True))
+    _job_ended(job_id, state, message, address)
+
+
+def _job_ended(job_id: str, state: str, message: str, address: str) -> None:
+    if state == "FAILED" or state == "STOPPED":
+        _fail(f"job {job_id} {state.lower()}: {message.strip().splitlines()[-1] if message.strip() else ''}; "
+              f"its log: archsearch status --job {job_id} --address {address}", 1)
+    typer.echo(f"job {job_id}: {state}", err=True)
+
+
 @app.command()
 @user_errors
 def status(store: StoreOpt = DEFAULT_STORE, study: StudyOpt = None, as_json: JsonOpt = False,
-           wide: WideOpt = False):
-    """Studies and trials in a store."""
+           wide: WideOpt = False,
+           job: Annotated[Optional[str], typer.Option("--job", help="a Ray job's status and log tail instead "
+                                                                  "(needs --address)")] = None,
+           address: JobAddressOpt = None):
+    """Studies and trials in a store (or, with --job, a submitted job)."""
     import archsearch as A
     from archsearch.terminal import status_tables
 
+    if job is not None:
+        _job_status(job, address, as_json=as_json)
+        return
     with A.open_store(store, read_only=True) as db:
         status_tables(db, study=study, as_json=as_json, wide=wide)
 
 
 app.command("ls", help="Studies and trials in a store (same as status).")(status)
+
+
+def _job_status(job_id: str, address: Optional[str], *, as_json: bool) -> None:
+    from archsearch.execute import jobs
+
+    if not address:
+        raise ValueError(f"--job {job_id}: give the cluster's job server with --address http://HOST:8265 "
+                         "(or set RAY_API_SERVER_ADDRESS)")
+    state, message, log = jobs.job_state(address, job_id)
+    tail = log.splitlines()[-LOG_TAIL:]
+    if as_json:
+        typer.echo(json.dumps({"job": job_id, "status": state, "message": message, "log_tail": tail}, indent=2))
+        return
+    typer.echo(f"job {job_id}: {state}" + (f" ({message.strip()})" if message.strip() else ""))
+    for line in tail:
+        typer.echo(f"  {line}")
 
 
 CsvOpt = Annotated[Optional[Path], typer.Option("--from-csv", help="read this CSV instead of a store")]

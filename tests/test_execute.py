@@ -163,6 +163,20 @@ def cmdline(pid: int) -> str:
         return ""
 
 
+def stop_cluster(folder: str) -> None:
+    """SIGKILL the Ray processes ``ray start --temp-dir`` started under
+    ``folder`` (never `ray stop`, which stops every Ray on the machine), and remove it."""
+    import shutil
+
+    daemons = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and folder in cmdline(int(p.name))]
+    for pid in {*daemons, *(child for pid in daemons for child in descendants(pid))}:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 def snapshot(store: Path) -> tuple[dict, dict]:
     """Trials (result columns only: timing left out) and curves of a store."""
     with A.open_store(store, read_only=True) as db:
@@ -444,7 +458,6 @@ def test_address_auto_joins_a_cluster_started_with_ray_start(tiny_study, tmp_pat
     RAY_TMPDIR as `auto` would find /tmp/ray): the study runs on it, with the
     warning about its address being reachable without authentication.
     The cluster is stopped by the process ids of its processes."""
-    import shutil
     import tempfile
 
     folder = tempfile.mkdtemp(prefix="asrt-", dir="/tmp")  # short: Ray's socket paths are capped
@@ -464,10 +477,39 @@ def test_address_auto_joins_a_cluster_started_with_ray_start(tiny_study, tmp_pat
         with A.open_store(store, read_only=True) as db:
             assert {r["status"] for r in db.trials().to_pylist()} == {"completed"}
     finally:
-        daemons = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and folder in cmdline(int(p.name))]
-        for pid in {*daemons, *(child for pid in daemons for child in descendants(pid))}:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        shutil.rmtree(folder, ignore_errors=True)
+        stop_cluster(folder)
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_trial_on_two_data_parallel_workers_trains_as_one_on_the_same_global_batch(embedded_ray, tmp_path,
+                                                                                    corpus):
+    """`execution.workers_per_trial: 2`: DDP over gloo, each worker on half of
+    every batch; the curve after a few steps equals one worker's on the whole
+    batch within 1e-4, and the store holds one row for the trial, written by
+    rank 0 alone (planted mutation: dropping the world-size weight of each
+    slice's loss in `_backward` halves the gradient and the losses part)."""
+    from archsearch.train import train_trial
+
+    path = write_study(tmp_path, corpus, shapes="uniform", steps=4, eval_every=1,
+                       execution="workers_per_trial: 2\n")
+    study = A.load_study(path)
+    (trial,) = A.plan(study)
+    store = tmp_path / "s.duckdb"
+    summary = A.run_study(study, store=store, show_progress=False)
+    with A.open_store(store, read_only=True) as db:
+        rows, curve = db.trials().to_pylist(), db.metrics().to_pylist()
+    assert summary.completed == 1, rows[0]["error"]
+    assert len(rows) == 1 and rows[0]["status"] == "completed"
+    alone = train_trial(spec=trial.spec, recipe=trial.recipe, data=trial.data, seed=trial.seed, threads=1)
+    assert [r["step"] for r in curve] == [1, 2, 3, 4]
+    for name in ("train_loss", "val_loss"):
+        assert [r[name] for r in curve] == pytest.approx([r[name] for r in alone.curve], abs=1e-4)
+    assert curve[-1]["val_loss"] < curve[0]["val_loss"] - 1e-3  # it learns, so the comparison means something
+
+
+def test_workers_that_cannot_split_the_batch_are_refused_in_one_line(tmp_path, corpus):
+    path = write_study(tmp_path, corpus, execution="workers_per_trial: 3\n")
+    with pytest.raises(A.SpecError,
+                       match=r"study.yaml:\d+: execution.workers_per_trial: 3 workers .* recipe.batch_size 4 evenly"):
+        A.load_study(path)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from archsearch.execute.cluster import per_trial, start_ray, trials_at_once
+from archsearch.execute.parallel import data_parallel_ranks
 from archsearch.execute.preflight import preflight_kernels
 from archsearch.execute.progress import TrialProgress
 from archsearch.planner import PlannedTrial, plan
@@ -112,11 +113,12 @@ def _trial_task(payload: dict):
 
     def train() -> None:
         try:
-            outcome["result"] = train_trial(
-                spec=ArchSpec.from_dict(payload["spec"]), recipe=payload["recipe"], data=payload["data"],
-                seed=payload["seed"], threads=payload["threads"], checkpoint_dir=local or location,
-                stop_at=payload["stop_at"], on_eval=rows.put,
-                on_checkpoint=(lambda folder: checkpoint.push(folder, location)) if local else None).to_dict()
+            with data_parallel_ranks(payload) as rank:
+                outcome["result"] = train_trial(
+                    spec=ArchSpec.from_dict(payload["spec"]), recipe=payload["recipe"], data=payload["data"],
+                    seed=payload["seed"], threads=payload["threads"], checkpoint_dir=local or location,
+                    stop_at=payload["stop_at"], on_eval=rows.put, rank=rank,
+                    on_checkpoint=(lambda folder: checkpoint.push(folder, location)) if local else None).to_dict()
         except BaseException as err:  # re-raised below, in the task's own thread
             outcome["error"] = err
         finally:
@@ -145,14 +147,19 @@ def _run_on_ray(searcher: Searcher, db: Store, study: Study, *, store: str | Pat
     owns_ray = not ray.is_initialized()
     private_dir = start_ray(address) if owns_ray else None
     try:
-        needs = per_trial(execution)
-        width = trials_at_once(needs, ray.cluster_resources(), max_parallel=max_parallel or execution.max_parallel)
-        options = dict(num_cpus=needs["CPU"], num_gpus=needs["GPU"], max_retries=0, num_returns="streaming")
+        needs, workers = per_trial(execution), execution.workers_per_trial
+        # A trial's workers wait for each other: never start more trials than all their workers fit.
+        scaled, resources = {name: need * workers for name, need in needs.items()}, ray.cluster_resources()
+        width = trials_at_once(scaled, resources, max_parallel=max_parallel or execution.max_parallel)
+        if workers > 1:
+            width = min(width, trials_at_once(scaled, resources, max_parallel="auto"))
+        options = dict(num_cpus=needs["CPU"], num_gpus=needs["GPU"], max_retries=0)
         if needs["memory"]:
             options["memory"] = needs["memory"]
-        task = ray.remote(**options)(_trial_task)
+        task = ray.remote(num_returns="streaming", **options)(_trial_task)
         return _Drain(searcher, db, task, study=study.name, store=store, storage=_storage(study),
-                      threads=execution.threads_per_trial, retries=execution.retries, progress=progress).run(width)
+                      threads=execution.threads_per_trial, retries=execution.retries, progress=progress,
+                      workers=dict(count=workers, options=options)).run(width)
     finally:
         if owns_ray:
             ray.shutdown()
@@ -171,8 +178,8 @@ class _Drain:
     """
 
     def __init__(self, searcher: Searcher, db: Store, task: Any, *, study: str, store: str | Path,
-                 storage: str | None, threads: int, retries: int, progress: TrialProgress):
-        self.searcher, self.db, self.task, self.study = searcher, db, task, study
+                 storage: str | None, threads: int, retries: int, progress: TrialProgress, workers: dict):
+        self.searcher, self.db, self.task, self.study, self.workers = searcher, db, task, study, workers
         self.store, self.storage, self.threads, self.retries, self.progress = store, storage, threads, retries, progress
         self.counts = {"completed": 0, "failed": 0, "diverged": 0}
         self.running: dict[Any, tuple[Job, int, float]] = {}  # generator -> job, attempt, started
@@ -249,7 +256,7 @@ class _Drain:
     def _submit(self, job: Job, *, attempt: int) -> None:
         trial = job.trial
         payload = dict(spec=trial.spec.to_dict(), recipe=trial.recipe, data=trial.data, seed=trial.seed,
-                       threads=self.threads, stop_at=job.stop_at,
+                       threads=self.threads, stop_at=job.stop_at, workers=self.workers,
                        checkpoint_dir=str(checkpoint_dir(self.store, trial.trial_id, storage=self.storage)))
         self.running[self.task.remote(payload)] = (job, attempt, time.perf_counter())
 

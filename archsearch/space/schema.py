@@ -299,6 +299,10 @@ class Execution(Strict):
         default="auto", description="trials at once; auto = as many as the cluster's CPUs (and GPUs) fit")
     threads_per_trial: int = Field(default=1, ge=1, le=1024, description="torch threads inside each trial")
     retries: int = Field(default=1, ge=0, le=10, description="re-runs of a trial whose worker died")
+    workers_per_trial: int = Field(
+        default=1, ge=1, le=1024, description="data-parallel workers training each trial (torch DDP: gloo on CPU, "
+                                              "NCCL on GPU); each reserves cpus/gpus/memory and reads "
+                                              "batch_size / N rows of every batch")
     cpus: float | None = Field(default=None, gt=0, le=1024,
                                description="CPUs Ray reserves for each trial; default threads_per_trial")
     gpus: float = Field(default=0, ge=0, le=64, description="GPUs per trial; a fraction packs small trials")
@@ -392,6 +396,15 @@ class Study(Strict):
     execution: Execution = Field(default=Execution(), description="how trials run: parallelism, resources, "
                                                                   "retries, checkpoint storage")
     _origin: Any = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _batch_splits_across_workers(self) -> Study:
+        workers, recipe = self.execution.workers_per_trial, self.recipe
+        if workers > 1 and recipe.batch_size % (workers * recipe.grad_accum):
+            raise ValueError(f"execution.workers_per_trial: {workers} workers with recipe.grad_accum "
+                             f"{recipe.grad_accum} cannot split recipe.batch_size {recipe.batch_size} evenly; "
+                             f"make batch_size a multiple of {workers * recipe.grad_accum}")
+        return self
 
     @model_validator(mode="after")
     def _fidelity_fits_the_schedule(self) -> Study:

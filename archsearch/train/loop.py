@@ -28,6 +28,7 @@ from archsearch.arch.structures.stack import LanguageModel
 from archsearch.budget import count_params
 from archsearch.data import IGNORE, Batch, Source, make_source
 from archsearch.train import checkpoint
+from archsearch.train.distributed import Rank, data_parallel, mean, shard
 from archsearch.train.recipe import adamw, lr_at, recipe_lr, resolve_steps
 
 
@@ -51,7 +52,8 @@ class TrialResult:
 def train_trial(*, spec: ArchSpec, recipe: dict, data: dict | Source, seed: int, threads: int | None = None,
                 on_eval: Callable[[dict], None] | None = None, device: str | torch.device | None = None,
                 checkpoint_dir: str | Path | None = None, checkpoint_every: int | None = None,
-                stop_at: float | None = None, on_checkpoint: Callable[[Path], None] | None = None) -> TrialResult:
+                stop_at: float | None = None, on_checkpoint: Callable[[Path], None] | None = None,
+                rank: Rank | None = None) -> TrialResult:
     """Train ``spec`` with ``recipe`` (a dumped ``Recipe``) on ``data`` and evaluate.
 
     ``data`` is a dumped data config or a ready Source. Seeds torch, the data
@@ -65,6 +67,8 @@ def train_trial(*, spec: ArchSpec, recipe: dict, data: dict | Source, seed: int,
     ``stop_at`` (a share of the budget, for multi-fidelity rungs) stops early
     with an evaluation and a checkpoint; the schedule stays that of the full
     budget, so a later call continues exactly as an uninterrupted run.
+    ``rank``: one of several data-parallel workers (see ``distributed``);
+    every rank restores from ``checkpoint_dir``, only rank 0 writes there.
     """
     if threads is not None:
         torch.set_num_threads(threads)
@@ -89,6 +93,9 @@ def train_trial(*, spec: ArchSpec, recipe: dict, data: dict | Source, seed: int,
                                    fingerprint=fingerprint)
     # The compiled module shares the model's parameters; checkpoints save the plain model.
     forward = torch.compile(model) if recipe.get("compile") else model
+    # DDP wraps the objective for training; evaluation runs the plain model on every rank.
+    trainer = forward if rank is None else data_parallel(forward, training_loss, rank, device)
+    writes = rank is None or rank.leader
     streams, carry = _carries_state(model), contextlib.ExitStack()  # a memory's state, batch to batch, per row
     if streams:
         _check_streams(source, grad_accum)
@@ -102,8 +109,8 @@ def train_trial(*, spec: ArchSpec, recipe: dict, data: dict | Source, seed: int,
             group["lr"] = lr
         batch = _train_batch(source, batch_size=batch_size, generator=train_stream, step=step, streams=streams)
         optimizer.zero_grad(set_to_none=True)
-        loss = _backward(forward, batch, grad_accum=grad_accum, device=device, autocast=autocast, step=step,
-                         gate_only=gate_only)
+        loss = _backward(trainer, batch, grad_accum=grad_accum, device=device, autocast=autocast, step=step,
+                         gate_only=gate_only, rank=rank)
         torch.nn.utils.clip_grad_norm_(model.parameters(), recipe["grad_clip"])
         optimizer.step()
         state.step, state.tokens = step + 1, state.tokens + batch.inputs.numel()
@@ -115,9 +122,9 @@ def train_trial(*, spec: ArchSpec, recipe: dict, data: dict | Source, seed: int,
                        val_loss=val_loss, val_accuracy=val_accuracy, lr=lr)
             row.update(exit_metrics(forward, source, recipe, seed=seed, device=device, autocast=autocast))
             state.curve.append(row)
-            if on_eval is not None:
+            if on_eval is not None and writes:
                 on_eval(row)
-        if checkpoint_dir is not None and (state.step % save_every == 0 or state.step in (stop, total)):
+        if checkpoint_dir is not None and writes and (state.step % save_every == 0 or state.step in (stop, total)):
             state.elapsed_s = time.perf_counter() - start
             checkpoint.save(checkpoint_dir, model=model, spec=spec, optimizer=optimizer, state=state,
                             generator=train_stream, fingerprint=fingerprint)
@@ -125,7 +132,7 @@ def train_trial(*, spec: ArchSpec, recipe: dict, data: dict | Source, seed: int,
                 on_checkpoint(Path(checkpoint_dir))
     wall = time.perf_counter() - start
     carry.close()
-    if checkpoint_dir is not None and state.step == total:
+    if checkpoint_dir is not None and writes and state.step == total:
         checkpoint.save_final(checkpoint_dir, model=model, spec=spec)
         if on_checkpoint is not None:
             on_checkpoint(Path(checkpoint_dir))
@@ -160,6 +167,8 @@ def training_loss(model: torch.nn.Module, batch, *, gate_only: bool = False) -> 
     expected loss over loops), else next-token cross-entropy. ``gate_only``:
     the exit gate's stage-II loss, which leaves every other weight without a
     gradient (so AdamW, which skips those, leaves them as they are)."""
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return model(batch.inputs, batch.targets, gate_only)
     if gate_only:
         return model.gate_loss(batch.inputs, batch.targets)
     own = getattr(model, "training_loss", None)
@@ -180,26 +189,40 @@ def _fused_loss_applies(model: torch.nn.Module, device: torch.device) -> bool:
 
 
 def _backward(model: torch.nn.Module, batch: Batch, *, grad_accum: int, device: torch.device, autocast: bool,
-              step: int, gate_only: bool = False) -> float:
+              step: int, gate_only: bool = False, rank: Rank | None = None) -> float:
     """Backpropagate the batch's loss in ``grad_accum`` micro-batches; the loss, as a float.
 
     Each micro-batch's mean loss is weighted by its share of the scored
     targets, so the summed gradient is the full batch's (up to rounding).
+    With ``rank`` the micro-batches are this rank's slice, their weights are
+    scaled by the world size (DDP averages over ranks) and the returned loss
+    is the mean over ranks: the global batch's.
     """
-    micro = batch.inputs.shape[0] // grad_accum
     scored = (batch.targets != IGNORE).sum().clamp(min=1)
+    world = 1 if rank is None else rank.world
+    if rank is not None:
+        batch = shard(batch, rank)
+    micro = batch.inputs.shape[0] // grad_accum
     total = 0.0
     for index in range(grad_accum):
         part = _to(Batch(inputs=batch.inputs[index * micro:(index + 1) * micro],
                          targets=batch.targets[index * micro:(index + 1) * micro]), device)
-        with _autocast_context(device, autocast):
-            loss = training_loss(model, part, gate_only=gate_only)
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f"training loss became {loss.item()} at step {step}; lower the lr")
-        if grad_accum > 1:
-            loss = loss * ((part.targets != IGNORE).sum().clamp(min=1) / scored).to(loss.device)
-        loss.backward()
+        # DDP all-reduces once, on the last micro-batch
+        last = index == grad_accum - 1
+        with (contextlib.nullcontext() if rank is None or last else model.no_sync()):
+            with _autocast_context(device, autocast):
+                loss = training_loss(model, part, gate_only=gate_only)
+            # one rank alone raising would leave the others waiting in the all-reduce
+            if rank is None and not torch.isfinite(loss):
+                raise FloatingPointError(f"training loss became {loss.item()} at step {step}; lower the lr")
+            if grad_accum > 1 or world > 1:
+                loss = loss * ((part.targets != IGNORE).sum().clamp(min=1) * world / scored).to(loss.device)
+            loss.backward()
         total += loss.item()
+    if rank is not None:
+        total = mean(total, rank, device)
+        if not math.isfinite(total):
+            raise FloatingPointError(f"training loss became {total} at step {step}; lower the lr")
     return total
 
 
