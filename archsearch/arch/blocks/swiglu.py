@@ -9,6 +9,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from archsearch.arch.blocks.swiglu_counts import (  # the formulas, beside the module
+    flops,
+    params,
+)
 from archsearch.arch.spec import ArchSpec, LayerSpec
 
 
@@ -24,13 +28,3 @@ class SwiGLU(nn.Module):
     def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
         gate_BTF, up_BTF = self.gate_up(x_BTD).chunk(2, dim=-1)
         return self.down(F.silu(gate_BTF) * up_BTF)
-
-
-def params(spec: ArchSpec, layer: LayerSpec) -> int:
-    """Gate, up and down projections: 3 D F."""
-    return 3 * spec.d_model * layer.mlp_width
-
-
-def flops(spec: ArchSpec, layer: LayerSpec, seq_len: int) -> float:
-    """Forward FLOPs per token: 2 per weight (the SiLU and product are not counted)."""
-    return 2 * params(spec, layer)
