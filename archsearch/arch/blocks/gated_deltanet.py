@@ -26,6 +26,12 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from archsearch_kernels.gated_delta import (
+    gated_delta_rule_chunked,
+    gated_delta_rule_naive,
+)
+from torch import nn
+
 from archsearch.arch.blocks.gated_deltanet_counts import (  # the formulas, beside the module
     DeltaSizes,
     flops,
@@ -34,12 +40,6 @@ from archsearch.arch.blocks.gated_deltanet_counts import (  # the formulas, besi
     sizes,
     state,
 )
-from archsearch_kernels.gated_delta import (
-    gated_delta_rule_chunked,
-    gated_delta_rule_naive,
-)
-from torch import nn
-
 from archsearch.arch.blocks.mamba import inverse_softplus_dt
 from archsearch.arch.spec import ArchSpec, LayerSpec
 

@@ -27,6 +27,12 @@ import math
 
 import torch
 import torch.nn.functional as F
+from archsearch_kernels.selective_scan import (
+    selective_scan_chunked,
+    selective_scan_naive,
+)
+from torch import nn
+
 from archsearch.arch.blocks.mamba_counts import (  # the formulas, beside the module
     MambaSizes,
     flops,
@@ -35,12 +41,6 @@ from archsearch.arch.blocks.mamba_counts import (  # the formulas, beside the mo
     sizes,
     state,
 )
-from archsearch_kernels.selective_scan import (
-    selective_scan_chunked,
-    selective_scan_naive,
-)
-from torch import nn
-
 from archsearch.arch.spec import ArchSpec, LayerSpec
 
 SCANS = {"chunked": selective_scan_chunked, "naive": selective_scan_naive}
