@@ -17,7 +17,7 @@ from typing import Any
 from archsearch import __version__
 from archsearch.arch.families import SpecMaker, layer_count, spec_maker
 from archsearch.arch.spec import ArchSpec
-from archsearch.arch.structures.memory import overhead as memory_overhead
+from archsearch.arch.structures.memory_counts import overhead as memory_overhead
 from archsearch.budget import (
     BudgetError,
     Solution,

@@ -51,6 +51,17 @@ def tiny_study_text(*, corpus: Path, targets: str = "[6000]", steps: int = 12) -
         """)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _token_cache(tmp_path_factory):
+    """Every corpus a test opens is cached under one session folder, never in ~/.cache.
+
+    Set in the environment, so CLI subprocesses and Ray workers see it too.
+    """
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ARCHSEARCH_CACHE", str(tmp_path_factory.mktemp("archsearch-cache")))
+        yield
+
+
 @pytest.fixture
 def corpus(tmp_path: Path) -> Path:
     """A folder of small text documents."""

@@ -110,6 +110,30 @@ def test_the_cache_is_reused_and_keyed_by_tokenizer(tmp_path, monkeypatch):
     assert not list((tmp_path / "cache" / "tokens").glob(".*-*")), "a temporary folder was left behind"
 
 
+def test_the_stdlib_and_byte_text_are_tokenized_once_per_machine(tmp_path, monkeypatch):
+    """The built-in corpus and a byte-level corpus without cache_dir go to the token cache too:
+    a second trial in this process reuses the source it opened; one in a fresh process (the
+    process's sources forgotten) maps the same files, tokenizing nothing. Fails if open_text keeps
+    byte-level text in memory again (no memmap), or if the process keeps no sources."""
+    builds = []
+    real_build = text_module._build
+    monkeypatch.setattr(text_module, "_build", lambda data, folder: builds.append(folder) or real_build(data, folder))
+    monkeypatch.setattr(text_module, "_OPENED", {})
+    stdlib = text_data(max_bytes=20_000)
+    files = text_data(paths=[str(write(tmp_path / "corpus", "txt"))])
+    for data in (stdlib, files):
+        first = make_source(data)
+        assert isinstance(first.splits["train"], np.memmap)
+        mtime = os.stat(first.splits["train"].filename).st_mtime_ns
+        assert make_source(data) is first, "a worker's second trial opened its corpus again"
+        text_module._OPENED.clear()  # as a fresh worker process on the same machine
+        again = make_source({**data, "seq_len": 8})
+        assert again.splits["train"].filename == first.splits["train"].filename
+        assert os.stat(again.splits["train"].filename).st_mtime_ns == mtime
+        assert np.array_equal(again.splits["val"], first.splits["val"])
+    assert len(builds) == 2, "a corpus was tokenized twice"
+
+
 def test_parallel_trials_tokenize_once_and_read_one_whole_cache(tmp_path, monkeypatch):
     builds = []
     real_build = text_module._build

@@ -2,8 +2,10 @@
 
 A structure wires per-layer blocks into a whole model (a plain stack, a looped
 group, a memory between halves, a recurrent hierarchy) and carries its exact
-non-embedding parameter count and its forward FLOPs per token beside it.
-Adding a structure is one module in ``structures/`` and one line here.
+non-embedding parameter count and its forward FLOPs per token beside it, from
+the torch-free ``structures/<name>_counts.py``; its module class is named by
+path and imported only when a model is built. Adding a structure is a module
+and its counts in ``structures/`` and one line here.
 """
 
 from __future__ import annotations
@@ -11,9 +13,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from archsearch.arch.blocks import MIXERS, MLPS, Block, mixer, mlp
+from archsearch.arch.blocks import MIXERS, MLPS, Block, load_class, mixer, mlp
 from archsearch.arch.spec import ArchSpec
-from archsearch.arch.structures import gpn, hrm, looped, memory, stack
+from archsearch.arch.structures import gpn_counts as gpn
+from archsearch.arch.structures import hrm_counts as hrm
+from archsearch.arch.structures import looped_counts as looped
+from archsearch.arch.structures import memory_counts as memory
+from archsearch.arch.structures import stack_counts as stack
 
 
 def _state_unknown(spec: ArchSpec, seq_len: int) -> int:
@@ -34,9 +40,10 @@ def _all_graded(spec: ArchSpec, seq_len: int) -> None:
 
 @dataclass(frozen=True)
 class Structure:
-    """A registered model structure: module class plus its counting formulas."""
+    """A registered model structure: module class (by path) plus its counting formulas."""
 
-    module: type
+    # the module class, or its path ("package.module.Class"), imported only when a model is built
+    ref: type | str
     params: Callable[[ArchSpec], int]  # non-embedding
     flops: Callable[[ArchSpec, int], float]  # forward per token at seq_len, LM head excluded
     mixing: Callable[[ArchSpec, int], float]  # the part of flops that is not weight matmuls
@@ -49,20 +56,25 @@ class Structure:
     # or None when all of them do (training is then 3x forward)
     graded: Callable[[ArchSpec, int], float | None] = _all_graded
 
+    @property
+    def module(self) -> type:
+        return load_class(self.ref)
 
+
+_AT = "archsearch.arch.structures."
 STRUCTURES: dict[str, Structure] = {
-    "stack": Structure(stack.Stack, stack.params, stack.flops, stack.mixing, stack.state),
-    "looped": Structure(looped.Looped, looped.params, looped.flops, looped.mixing, looped.state,
+    "stack": Structure(_AT + "stack.Stack", stack.params, stack.flops, stack.mixing, stack.state),
+    "looped": Structure(_AT + "looped.Looped", looped.params, looped.flops, looped.mixing, looped.state,
                          looped.train_extra),
-    "memory": Structure(memory.MemoryStack, memory.params, memory.flops, memory.mixing, memory.state,
-                        memory.train_extra),
-    "gpn": Structure(gpn.GPN, gpn.params, gpn.flops, gpn.mixing, gpn.state,
+    "memory": Structure(_AT + "memory.MemoryStack", memory.params, memory.flops, memory.mixing,
+                        memory.state, memory.train_extra),
+    "gpn": Structure(_AT + "gpn.GPN", gpn.params, gpn.flops, gpn.mixing, gpn.state,
                      embedding_width=gpn.embedding_width),
-    "gpn_m": Structure(gpn.GPN, gpn.params, gpn.flops, gpn.mixing, gpn.state,
+    "gpn_m": Structure(_AT + "gpn.GPN", gpn.params, gpn.flops, gpn.mixing, gpn.state,
                        embedding_width=gpn.embedding_width),
-    "hrm": Structure(hrm.HRM, hrm.hrm_params, hrm.hrm_flops, hrm.hrm_mixing, hrm.hrm_state, hrm.hrm_train_extra,
-                     graded=hrm.hrm_graded),
-    "universal": Structure(hrm.Universal, hrm.ut_params, hrm.ut_flops, hrm.ut_mixing, hrm.ut_state),
+    "hrm": Structure(_AT + "hrm.HRM", hrm.hrm_params, hrm.hrm_flops, hrm.hrm_mixing, hrm.hrm_state,
+                     hrm.hrm_train_extra, graded=hrm.hrm_graded),
+    "universal": Structure(_AT + "hrm.Universal", hrm.ut_params, hrm.ut_flops, hrm.ut_mixing, hrm.ut_state),
 }
 
 

@@ -8,9 +8,10 @@ int64 ``[B, T]``.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
-import torch
+if TYPE_CHECKING:  # annotations only: planning reads vocab sizes through here without torch
+    import torch
 
 IGNORE = -100
 

@@ -4,8 +4,9 @@ With no paths given the corpus is the installed Python standard library's own
 source: present on every machine that can run archsearch, so the quickstart
 needs no download. Documents go to train or validation by a hash of their name
 (``documents.is_validation``), so the split never leaks a document across and
-never changes. Byte-level text without a ``cache_dir`` stays in memory;
-everything else is tokenized once into memory-mapped files (``cache.py``).
+never changes. Every corpus, the stdlib's included, is tokenized once per
+machine into memory-mapped files (``cache.py``), and a process keeps the
+sources it opened, so a worker's later trials on the same corpus open nothing.
 """
 
 from __future__ import annotations
@@ -100,14 +101,23 @@ class ByteCorpus(TokenCorpus):
                          label=corpus_label({"paths": paths}))
 
 
+# Sources this process opened, by cache folder and seq_len: a Ray worker keeps
+# them between trials. The folder's key hashes the corpus's identity, so an
+# edited file names another folder and is never served stale.
+_OPENED: dict[tuple[str, int], TokenCorpus] = {}
+
+
 def open_text(data: dict) -> TokenCorpus:
-    """The Source a dumped ``TextData`` describes: byte-level in memory, or cached tokens."""
-    if data.get("tokenizer", "byte") == "byte" and data.get("cache_dir") is None and data.get("hub") is None:
-        splits = _byte_splits(documents(data), val_fraction=data["val_fraction"], max_bytes=data["max_bytes"])
-        return TokenCorpus(splits=splits, seq_len=data["seq_len"], vocab_size=BYTE_VOCAB, tokenizer=ByteTokenizer(),
-                           label=corpus_label(data))
+    """The Source a dumped ``TextData`` describes: its tokens from the cache, tokenized first if missing."""
     folder = cache.load_or_build(cache.cache_root(data.get("cache_dir")), cache.cache_key(corpus_identity(data)),
                                  lambda tmp: _build(data, tmp))
+    opened = (str(folder), data["seq_len"])
+    if opened not in _OPENED:
+        _OPENED[opened] = _open_folder(folder, data)
+    return _OPENED[opened]
+
+
+def _open_folder(folder: Path, data: dict) -> TokenCorpus:
     splits = {split: cache.read_tokens(folder, split) for split in cache.SPLITS}
     if data.get("tokenizer", "byte") == "bpe":
         vocab_size = data.get("vocab_size") or DEFAULT_BPE_VOCAB
@@ -131,18 +141,22 @@ def corpus_label(data: dict) -> str:
 
 def corpus_identity(data: dict) -> dict:
     """What determines a corpus's tokens: its documents (files with size and mtime, or the hub
-    dataset), the split, and the tokenizer. The cache key hashes this; seq_len is not in it."""
+    dataset), the split, and the tokenizer. The cache key hashes this; seq_len is not in it.
+
+    The stdlib is named by its folder and the exact Python build, not file by
+    file: an installed standard library does not change, and walking its
+    ~1,800 files costs as much as reading them."""
     keys = ("text_field", "id_field", "val_fraction", "max_bytes", "tokenizer", "vocab_size")
     identity = {key: data.get(key) for key in keys}
     if data.get("hub") is not None:
         identity["hub"] = data["hub"]
         local = [Path(f) for f in data["hub"].get("data_files") or [] if Path(f).is_file()]
         identity["files"] = [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in local]
+    elif data.get("paths") is None:
+        identity["stdlib"] = (sysconfig.get_paths()["stdlib"], sys.version)
     else:
-        files = stdlib_files() if data.get("paths") is None else text_files(data["paths"])
+        files = text_files(data["paths"])
         identity["files"] = [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
-        if data.get("paths") is None:
-            identity["stdlib"] = (sysconfig.get_paths()["stdlib"], sys.version)
     return identity
 
 

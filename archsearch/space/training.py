@@ -67,8 +67,7 @@ class TextData(Strict):
     vocab_size: int | None = Field(
         default=None, ge=260, le=MAX_VOCAB, description=f"bpe only; default {DEFAULT_BPE_VOCAB}")
     cache_dir: str | None = Field(
-        default=None, description="token cache; default $ARCHSEARCH_CACHE or ~/.cache/archsearch "
-                                  "(byte-level without it stays in memory)")
+        default=None, description="token cache; default $ARCHSEARCH_CACHE or ~/.cache/archsearch")
     seq_len: int = Field(default=128, ge=2, le=1 << 16, description="tokens per training row")
     val_fraction: float = Field(default=0.1, gt=0, lt=1, description="share of documents held out for validation")
     max_bytes: int = Field(default=4_000_000, ge=1024, le=1 << 40, description="read at most this much text")

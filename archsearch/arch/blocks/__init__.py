@@ -1,26 +1,39 @@
 """Sublayer blocks: every mixer and MLP a layer can name.
 
-Each entry carries the module and, beside it, its exact parameter count and
-its analytic forward FLOPs per token, so ``budget`` counts a model without
-building it. Adding a mixer is one module here and one line in the table.
+Each entry carries the module's path and, beside it, its exact parameter count
+and its analytic forward FLOPs per token, so ``budget`` counts a model without
+building it, or importing torch: the formulas live in ``<block>_counts.py``
+(torch-free, re-exported by ``<block>.py``), the module class is imported only
+when a model is built. Adding a mixer is a module and its counts here and one
+line in the table.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from archsearch.arch.blocks import (
-    attention,
-    gated_attention,
-    gated_deltanet,
-    hope,
-    mamba,
-    mamba2,
-    swiglu,
-    titans,
+    attention_counts,
+    gated_attention_counts,
+    gated_deltanet_counts,
+    hope_counts,
+    mamba2_counts,
+    mamba_counts,
+    swiglu_counts,
+    titans_counts,
 )
 from archsearch.arch.spec import ArchSpec, LayerSpec
+
+
+def load_class(ref: type | str) -> type:
+    """The class ``ref`` is or names ("package.module.Class", imported now): the registry
+    names its module classes by path, so counting a model never imports torch."""
+    if isinstance(ref, type):
+        return ref
+    module, _, name = ref.rpartition(".")
+    return getattr(importlib.import_module(module), name)
 
 
 def _no_mixing(spec: ArchSpec, layer: LayerSpec, seq_len: int) -> float:
@@ -42,27 +55,37 @@ class Block:
     ``seq_len`` tokens (KV cache, recurrent state); MLPs keep none.
     """
 
-    module: type
+    # the module class, or its path ("package.module.Class"), imported only when a model is built
+    ref: type | str
     params: Callable[[ArchSpec, LayerSpec], int]
     flops: Callable[[ArchSpec, LayerSpec, int], float]
     mixing: Callable[[ArchSpec, LayerSpec, int], float] = _no_mixing
     state: Callable[[ArchSpec, LayerSpec, int], int] = _no_state
 
+    @property
+    def module(self) -> type:
+        return load_class(self.ref)
+
+
+def _block(module: str, name: str, counts, *, mixer: bool = True) -> Block:
+    """The entry for class ``name`` of ``blocks/<module>.py``, with the formulas of ``counts``."""
+    if not mixer:
+        return Block(f"archsearch.arch.blocks.{module}.{name}", counts.params, counts.flops)
+    return Block(f"archsearch.arch.blocks.{module}.{name}", counts.params, counts.flops, counts.mixing, counts.state)
+
 
 MIXERS: dict[str, Block] = {
-    "attention": Block(attention.Attention, attention.params, attention.flops, attention.mixing, attention.state),
-    "gated_attention": Block(gated_attention.GatedAttention, gated_attention.params, gated_attention.flops,
-                             gated_attention.mixing, gated_attention.state),
-    "mamba": Block(mamba.Mamba, mamba.params, mamba.flops, mamba.mixing, mamba.state),
-    "mamba2": Block(mamba2.Mamba2, mamba2.params, mamba2.flops, mamba2.mixing, mamba2.state),
-    "gated_deltanet": Block(gated_deltanet.GatedDeltaNet, gated_deltanet.params, gated_deltanet.flops,
-                            gated_deltanet.mixing, gated_deltanet.state),
-    "titans": Block(titans.Titans, titans.params, titans.flops, titans.mixing, titans.state),
+    "attention": _block("attention", "Attention", attention_counts),
+    "gated_attention": _block("gated_attention", "GatedAttention", gated_attention_counts),
+    "mamba": _block("mamba", "Mamba", mamba_counts),
+    "mamba2": _block("mamba2", "Mamba2", mamba2_counts),
+    "gated_deltanet": _block("gated_deltanet", "GatedDeltaNet", gated_deltanet_counts),
+    "titans": _block("titans", "Titans", titans_counts),
 }
 
 MLPS: dict[str, Block] = {
-    "swiglu": Block(swiglu.SwiGLU, swiglu.params, swiglu.flops),
-    "cms": Block(hope.ContinuumMemory, hope.params, hope.flops),
+    "swiglu": _block("swiglu", "SwiGLU", swiglu_counts, mixer=False),
+    "cms": _block("hope", "ContinuumMemory", hope_counts, mixer=False),
 }
 
 

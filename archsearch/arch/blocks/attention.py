@@ -9,6 +9,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from archsearch.arch.blocks.attention_counts import (  # the formulas, beside the module
+    flops,
+    mixing,
+    params,
+    state,
+)
 from archsearch.arch.spec import ArchSpec, LayerSpec
 
 
@@ -65,23 +71,3 @@ def attention_reference(q_BHTK: torch.Tensor, k_BHTK: torch.Tensor, v_BHTK: torc
     scores_BHTT = q_BHTK @ k_BHTK.transpose(-1, -2) / q_BHTK.shape[-1] ** 0.5
     future_TT = torch.ones(T, T, dtype=torch.bool, device=q_BHTK.device).triu(1)
     return scores_BHTT.masked_fill(future_TT, float("-inf")).softmax(-1) @ v_BHTK
-
-
-def params(spec: ArchSpec, layer: LayerSpec) -> int:
-    """Q, K, V and output projections: 4 D^2."""
-    return 4 * spec.d_model**2
-
-
-def mixing(spec: ArchSpec, layer: LayerSpec, seq_len: int) -> float:
-    """QK^T and AV over the causal context (on average T/2 keys): 2 * 2 * (T/2) * D."""
-    return 2 * seq_len * spec.d_model
-
-
-def flops(spec: ArchSpec, layer: LayerSpec, seq_len: int) -> float:
-    """Forward FLOPs per token: projections 2 * 4D^2 plus the attention mixing."""
-    return 2 * params(spec, layer) + mixing(spec, layer, seq_len)
-
-
-def state(spec: ArchSpec, layer: LayerSpec, seq_len: int) -> int:
-    """The KV cache: a key and a value of width D for every token seen."""
-    return 2 * seq_len * spec.d_model

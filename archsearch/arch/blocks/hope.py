@@ -35,21 +35,13 @@ from dataclasses import replace
 import torch
 from torch import nn
 
+from archsearch.arch.blocks.hope_counts import (  # the formulas, beside the module
+    flops,
+    level_widths,
+    params,
+)
 from archsearch.arch.blocks.swiglu import SwiGLU
 from archsearch.arch.spec import ArchSpec, LayerSpec
-
-
-def level_widths(layer: LayerSpec) -> list[int]:
-    """The widths of the CMS levels: ``layer.mlp_width`` split over ``cms_levels``, summing to it exactly.
-
-    A width below ``cms_levels`` leaves the last levels empty (width 0, output 0)
-    rather than failing, so the width solver may probe any total.
-    """
-    levels = layer.options.get("cms_levels", 3)
-    if not isinstance(levels, int) or levels < 1:
-        raise ValueError(f"cms: options['cms_levels'] must be an int >= 1, got {levels!r}")
-    base, extra = divmod(layer.mlp_width, levels)
-    return [base + (i < extra) for i in range(levels)]
 
 
 class ContinuumMemory(nn.Module):
@@ -67,14 +59,3 @@ class ContinuumMemory(nn.Module):
         for level in self.levels:
             total_BTD = total_BTD + level(x_BTD + total_BTD)
         return total_BTD
-
-
-def params(spec: ArchSpec, layer: LayerSpec) -> int:
-    """Every level's gate, up and down projections: 3 D sum(F_i) = 3 D mlp_width, linear in
-    the width as the solver and the taper need (no norms between levels)."""
-    return 3 * spec.d_model * sum(level_widths(layer))
-
-
-def flops(spec: ArchSpec, layer: LayerSpec, seq_len: int) -> float:
-    """Forward FLOPs per token: 2 per weight, 6 D mlp_width (residual adds and SiLU not counted)."""
-    return 2.0 * params(spec, layer)

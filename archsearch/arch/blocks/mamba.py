@@ -24,7 +24,6 @@ Dimensions: B batch, T time, D model width, E inner width, N state size, R dt ra
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -32,28 +31,18 @@ from archsearch_kernels.dispatch import selective_scan
 from archsearch_kernels.selective_scan import selective_scan_naive
 from torch import nn
 
+from archsearch.arch.blocks.mamba_counts import (  # the formulas, beside the module
+    MambaSizes,
+    flops,
+    mixing,
+    params,
+    sizes,
+    state,
+)
 from archsearch.arch.spec import ArchSpec, LayerSpec
 
 # "chunked": the Triton kernel on CUDA, the chunked PyTorch form elsewhere (archsearch_kernels.dispatch)
 SCANS = {"chunked": selective_scan, "naive": selective_scan_naive}
-
-
-@dataclass(frozen=True)
-class MambaSizes:
-    """The resolved widths of one Mamba layer."""
-
-    d_model: int
-    inner: int  # E
-    state: int  # N
-    conv: int  # k
-    dt_rank: int  # R
-
-
-def sizes(spec: ArchSpec, layer: LayerSpec) -> MambaSizes:
-    """Widths from ``layer.options`` and their defaults (the mamba_simple defaults)."""
-    options, d = layer.options, spec.d_model
-    return MambaSizes(d_model=d, inner=int(options.get("expand", 2) * d), state=options.get("d_state", 16),
-                      conv=options.get("d_conv", 4), dt_rank=options.get("dt_rank", math.ceil(d / 16)))
 
 
 def inverse_softplus_dt(size: int, *, dt_min: float = 1e-3, dt_max: float = 1e-1, floor: float = 1e-4) -> torch.Tensor:
@@ -139,36 +128,3 @@ def causal_conv(conv: nn.Conv1d, x_BTE: torch.Tensor, skip_BT: torch.Tensor | No
     out_BET = torch.zeros_like(packed_BET).scatter(2, index_BET, packed_BET)
     return out_BET.masked_fill(skip_BT[:, None, :], 0.0).transpose(1, 2)
 
-
-def params(spec: ArchSpec, layer: LayerSpec) -> int:
-    """in_proj 2DE + conv kE + E (bias) + x_proj E(R + 2N) + dt_proj RE + E (bias)
-    + A_log EN + D E + out_proj ED."""
-    s = sizes(spec, layer)
-    d, e, n, k, r = s.d_model, s.inner, s.state, s.conv, s.dt_rank
-    return 2 * d * e + k * e + e + e * (r + 2 * n) + r * e + e + e * n + e + e * d
-
-
-def mixing(spec: ArchSpec, layer: LayerSpec, seq_len: int) -> float:
-    """The recurrence's multiply-adds on the [E, N] state per token: 6 E N.
-
-    Per (channel, state) pair: delta*A (1), (delta*u)*B (1), decay*h + input (2) and the
-    readout C.h (2). Per-channel work (delta*u, the D skip, the gate) and the exp, softplus
-    and SiLU are left out, as activations are everywhere else. Independent of seq_len.
-    """
-    s = sizes(spec, layer)
-    return 6.0 * s.inner * s.state
-
-
-def flops(spec: ArchSpec, layer: LayerSpec, seq_len: int) -> float:
-    """Forward FLOPs per token: 2 (2DE + E(R + 2N) + RE + ED) for the projections,
-    2kE for the conv, plus the scan's ``mixing``."""
-    s = sizes(spec, layer)
-    d, e, n, k, r = s.d_model, s.inner, s.state, s.conv, s.dt_rank
-    weights = 2 * d * e + e * (r + 2 * n) + r * e + e * d
-    return 2.0 * weights + 2.0 * k * e + mixing(spec, layer, seq_len)
-
-
-def state(spec: ArchSpec, layer: LayerSpec, seq_len: int) -> int:
-    """The SSM state E N plus the conv's last k-1 inputs E (k-1); independent of seq_len."""
-    s = sizes(spec, layer)
-    return s.inner * s.state + s.inner * (s.conv - 1)

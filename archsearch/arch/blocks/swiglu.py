@@ -9,6 +9,10 @@ import torch
 from archsearch_kernels.dispatch import swiglu
 from torch import nn
 
+from archsearch.arch.blocks.swiglu_counts import (  # the formulas, beside the module
+    flops,
+    params,
+)
 from archsearch.arch.spec import ArchSpec, LayerSpec
 
 
@@ -26,12 +30,3 @@ class SwiGLU(nn.Module):
         # silu(gate) * up, fused in one Triton kernel on CUDA
         return self.down(swiglu(gate_BTF, up_BTF))
 
-
-def params(spec: ArchSpec, layer: LayerSpec) -> int:
-    """Gate, up and down projections: 3 D F."""
-    return 3 * spec.d_model * layer.mlp_width
-
-
-def flops(spec: ArchSpec, layer: LayerSpec, seq_len: int) -> float:
-    """Forward FLOPs per token: 2 per weight (the SiLU and product are not counted)."""
-    return 2 * params(spec, layer)

@@ -12,6 +12,17 @@ from torch import nn
 
 from archsearch.arch import blocks
 from archsearch.arch.spec import ArchSpec, LayerSpec
+from archsearch.arch.structures.stack_counts import (  # the formulas, beside the module
+    flops,
+    layer_flops,
+    layer_mixing,
+    layer_params,
+    mixing,
+    params,
+    per_layer,
+    reject_unknown_options,
+    state,
+)
 
 
 class Layer(nn.Module):
@@ -31,27 +42,6 @@ class Layer(nn.Module):
         if self.has_mlp:
             x_BTD = x_BTD + self.mlp(self.mlp_norm(x_BTD))
         return x_BTD
-
-
-def layer_params(spec: ArchSpec, layer: LayerSpec) -> int:
-    """One layer: mixer, MLP and their pre-norm weights."""
-    total = blocks.mixer(layer.mixer).params(spec, layer) + spec.d_model
-    if layer.mlp != "none":
-        total += blocks.mlp(layer.mlp).params(spec, layer) + spec.d_model
-    return total
-
-
-def layer_mixing(spec: ArchSpec, layer: LayerSpec, seq_len: int) -> float:
-    """The part of ``layer_flops`` that is not weight matmuls."""
-    return blocks.mixer(layer.mixer).mixing(spec, layer, seq_len)
-
-
-def layer_flops(spec: ArchSpec, layer: LayerSpec, seq_len: int) -> float:
-    """Forward FLOPs per token of one layer (matmuls and attention)."""
-    total = blocks.mixer(layer.mixer).flops(spec, layer, seq_len)
-    if layer.mlp != "none":
-        total += blocks.mlp(layer.mlp).flops(spec, layer, seq_len)
-    return total
 
 
 class LanguageModel(nn.Module):
@@ -93,13 +83,6 @@ class Stack(LanguageModel):
         return x_BTD
 
 
-def reject_unknown_options(spec: ArchSpec, known: set[str]) -> None:
-    """A ValueError naming any ``spec.options`` key the structure does not read."""
-    unknown = set(spec.options) - known
-    if unknown:
-        raise ValueError(f"{spec.structure}: unknown options {sorted(unknown)}; known: {sorted(known)}")
-
-
 def init_weights(module: nn.Module) -> None:
     """Normal(0, 0.02) for every linear and embedding weight (GPT-2 style);
     a block marks a module ``keep_init = True`` to keep its own (Mamba's dt)."""
@@ -109,39 +92,3 @@ def init_weights(module: nn.Module) -> None:
         nn.init.normal_(module.weight, mean=0.0, std=0.02)
         if getattr(module, "bias", None) is not None:
             nn.init.zeros_(module.bias)
-
-
-def params(spec: ArchSpec) -> int:
-    """Non-embedding parameters: every layer plus the final norm."""
-    return sum(per_layer(spec, layer_params)) + spec.d_model
-
-
-def flops(spec: ArchSpec, seq_len: int) -> float:
-    """Forward FLOPs per token of the body (the LM head is counted by the caller)."""
-    return sum(per_layer(spec, layer_flops, seq_len))
-
-
-def per_layer(spec: ArchSpec, formula, *args) -> list:
-    """``formula(spec, layer, *args)`` for every layer, computed once per
-    distinct layer: a deep stack repeats a handful of layer specs, and the
-    planner counts thousands of candidate models."""
-    seen: dict = {}
-    out = []
-    for layer in spec.layers:
-        # options dicts are shared between the layers a family builds, and
-        # held alive by the spec, so their identity is a cheap exact key
-        key = (layer.mixer, layer.mlp, layer.mlp_width, id(layer.options))
-        if key not in seen:
-            seen[key] = formula(spec, layer, *args)
-        out.append(seen[key])
-    return out
-
-
-def mixing(spec: ArchSpec, seq_len: int) -> float:
-    """The part of ``flops`` that is not weight matmuls (attention, scans)."""
-    return sum(per_layer(spec, layer_mixing, seq_len))
-
-
-def state(spec: ArchSpec, seq_len: int) -> int:
-    """Values a sequence keeps after ``seq_len`` tokens: the sum over layers."""
-    return sum(per_layer(spec, lambda s, layer, t: blocks.mixer(layer.mixer).state(s, layer, t), seq_len))

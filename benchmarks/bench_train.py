@@ -1,0 +1,73 @@
+"""Training tokens/s of Mamba and Gated DeltaNet against Transformer++, as ratios from one run.
+
+    python benchmarks/bench_train.py [--d-model 128] [--layers 4] [--batch 8] [--seq-len 256]
+
+Builds each family as the planner does (``spec_maker``, uniform MLP widths of
+8/3 d where the family has an MLP), then times AdamW training steps of the
+three in interleaved rounds, so a noisy machine slows all three alike; prints
+the median tokens/s of each and its ratio to the transformer's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--d-model", type=int, default=128)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--steps", type=int, default=3, help="timed steps per model per round")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    from archsearch.arch.families import spec_maker
+    from archsearch.arch.model import build_model
+    from archsearch.budget import count_params
+    from archsearch.space.schema import ModelOptions
+
+    families = ("transformer", "mamba", "gdn")
+    vocab = 256
+    models, optimizers = {}, {}
+    for family in families:
+        make = spec_maker({"family": family, "num_layers": args.layers}, ModelOptions(), vocab_size=vocab)
+        spec = make(args.d_model, args.layers * (8 * args.d_model // 3 // 8 * 8))
+        models[family] = build_model(spec)
+        optimizers[family] = torch.optim.AdamW(models[family].parameters(), lr=1e-3)
+        print(f"{family:<12} {count_params(spec):>9,} non-embedding params")
+    tokens = torch.randint(0, vocab, (args.batch, args.seq_len + 1), generator=torch.Generator().manual_seed(0))
+
+    def step(family: str) -> None:
+        logits = models[family](tokens[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), tokens[:, 1:].reshape(-1))
+        optimizers[family].zero_grad(set_to_none=True)
+        loss.backward()
+        optimizers[family].step()
+
+    for family in families:  # warm: first-call allocations
+        step(family)
+    rates: dict[str, list[float]] = {family: [] for family in families}
+    for _ in range(args.rounds):
+        for family in families:
+            start = time.perf_counter()
+            for _ in range(args.steps):
+                step(family)
+            rates[family].append(args.steps * args.batch * args.seq_len / (time.perf_counter() - start))
+    base = statistics.median(rates["transformer"])
+    print(f"d {args.d_model}, {args.layers} layers, B {args.batch}, T {args.seq_len}, {args.threads} threads; "
+          f"median of {args.rounds} interleaved rounds of {args.steps} steps")
+    for family in families:
+        rate = statistics.median(rates[family])
+        print(f"{family:<12} {rate:>9,.0f} tokens/s   {rate / base:.2f}x transformer")
+
+
+if __name__ == "__main__":
+    main()
