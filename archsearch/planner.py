@@ -122,7 +122,7 @@ def plan_points(study: Study, points: list[dict[str, Any]]) -> list[PlannedTrial
                 solution = solver(target=target, make_spec=make, measure=measure)
                 arms = [Arm(point["family"], budget.match, target, solution.achieved, solution.spec)]
                 if budget.protocol != "none" and point["family"] in PAIRED:
-                    arms.append(_baseline_arm(study, point, make, solution.spec, solver))
+                    arms.append(_baseline_arm(study, point, make, solution.spec, solver, seq_len))
             except BudgetError as err:
                 raise _budget_error(study, index, point, err) from None
             except ValueError as err:  # the point makes no valid model (HRM with one layer)
@@ -183,7 +183,7 @@ def _recipes(recipe: dict) -> list[dict]:
     return [recipe]
 
 
-def _baseline_arm(study: Study, point: dict, make: SpecMaker, partner: ArchSpec, solver) -> Arm:
+def _baseline_arm(study: Study, point: dict, make: SpecMaker, partner: ArchSpec, solver, seq_len: int) -> Arm:
     """The protocol's comparison model for a looped or HRM trial, width-solved to it.
 
     Looped k x L: iso_param is the same k layers applied once, iso_flop is
@@ -194,7 +194,7 @@ def _baseline_arm(study: Study, point: dict, make: SpecMaker, partner: ArchSpec,
     partner's parameters (iso_param) or training FLOPs (iso_flop), per-loop
     heads and gates included.
     """
-    protocol, seq_len = study.budget.protocol, study.data.seq_len
+    protocol = study.budget.protocol  # seq_len: the data's (a task keeps its own in params)
     embeddings = study.budget.count_embeddings
     if point["family"] == "looped":
         copies = 1 if protocol == "iso_param" else partner.options["loops"]
