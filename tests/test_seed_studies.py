@@ -5,6 +5,10 @@ trials train at their smallest setting (2 steps, on text the test writes, or
 the study's own synthetic task), so the files stay runnable. Each paper-scale
 study plans to the parameter counts papers.md states, arm by arm, and the
 plan shows its total training FLOPs.
+
+Planted mutations that fail here: planned tokens without the batch size
+(8 tests), and a protocol baseline reading ``study.data.seq_len`` again, which a
+task's data has not (3 tests: looped_mamba plans ended in a traceback).
 """
 
 from __future__ import annotations
