@@ -30,6 +30,7 @@ from archsearch.data import seq_len_of, vocab_size_of
 from archsearch.errors import SpecError
 from archsearch.space.expand import check_trial_count, expand
 from archsearch.space.schema import Study
+from archsearch.space.training import planned_steps
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,11 +53,17 @@ class PlannedTrial:
     spec: ArchSpec
     recipe: dict
     data: dict
+    tokens: int = 0  # training tokens the recipe gives it (steps x batch_size x seq_len)
+
+    @property
+    def train_flops(self) -> float:
+        """Training FLOPs of the whole trial: FLOPs per token x tokens."""
+        return self.flops_per_token * self.tokens
 
     def to_dict(self) -> dict:
         out = {k: getattr(self, k) for k in ("trial_id", "study", "axes", "seed", "match", "target", "achieved",
                                             "match_error", "params", "total_params", "flops_per_token", "state",
-                                            "sweep_group")}
+                                            "sweep_group", "tokens", "train_flops")}
         out.update(family=self.spec.family, structure=self.spec.structure, d_model=self.spec.d_model,
                    num_layers=self.spec.num_layers, mlp_widths=list(self.spec.mlp_widths),
                    spec=self.spec.to_dict(), recipe=self.recipe, data=self.data)
@@ -115,7 +122,7 @@ def plan_points(study: Study, points: list[dict[str, Any]]) -> list[PlannedTrial
                 solution = solver(target=target, make_spec=make, measure=measure)
                 arms = [Arm(point["family"], budget.match, target, solution.achieved, solution.spec)]
                 if budget.protocol != "none" and point["family"] in PAIRED:
-                    arms.append(_baseline_arm(study, point, make, solution.spec, solver))
+                    arms.append(_baseline_arm(study, point, make, solution.spec, solver, seq_len))
             except BudgetError as err:
                 raise _budget_error(study, index, point, err) from None
             except ValueError as err:  # the point makes no valid model (HRM with one layer)
@@ -176,7 +183,7 @@ def _recipes(recipe: dict) -> list[dict]:
     return [recipe]
 
 
-def _baseline_arm(study: Study, point: dict, make: SpecMaker, partner: ArchSpec, solver) -> Arm:
+def _baseline_arm(study: Study, point: dict, make: SpecMaker, partner: ArchSpec, solver, seq_len: int) -> Arm:
     """The protocol's comparison model for a looped or HRM trial, width-solved to it.
 
     Looped k x L: iso_param is the same k layers applied once, iso_flop is
@@ -187,7 +194,7 @@ def _baseline_arm(study: Study, point: dict, make: SpecMaker, partner: ArchSpec,
     partner's parameters (iso_param) or training FLOPs (iso_flop), per-loop
     heads and gates included.
     """
-    protocol, seq_len = study.budget.protocol, study.data.seq_len
+    protocol = study.budget.protocol  # seq_len: the data's (a task keeps its own in params)
     embeddings = study.budget.count_embeddings
     if point["family"] == "looped":
         copies = 1 if protocol == "iso_param" else partner.options["loops"]
@@ -243,7 +250,8 @@ def _trial(study: Study, axes: dict, seed: int, arm: Arm, recipe: dict, data: di
         match=arm.match, target=arm.target, achieved=arm.achieved, match_error=arm.achieved / arm.target - 1,
         params=count_params(spec), total_params=count_params(spec, embeddings=True),
         flops_per_token=flops_per_token(spec, seq_len=seq_len), state=state, sweep_group=sweep_group, spec=spec,
-        recipe=recipe, data=data)
+        recipe=recipe, data=data,
+        tokens=planned_steps(recipe, params=count_params(spec), seq_len=seq_len) * recipe["batch_size"] * seq_len)
 
 
 def _named(point: dict) -> str:

@@ -104,6 +104,9 @@ def plan_table(trials: list, *, layers: bool = False, wide: bool = False) -> Non
         table.add_row(t.trial_id, *cells_of_axes, *(_fmt(cells[m]) for m in measures))
     out = console()
     _print(out, table, wide=wide, note=None if wide else _shared_line(shared))
+    if trials:
+        out.print(f"total training FLOPs: {sum(t.train_flops for t in trials):.3g} "
+                  f"(FLOPs/token x tokens, summed over the {len(trials)} trials)")
     memories = [t.to_dict() for t in trials if t.spec.structure == "memory"]
     if memories:
         out.print("memory overhead (its params over the rest, embeddings included): "

@@ -9,6 +9,8 @@ them equal to ``archsearch.data.synthetic.TASKS``; what only a task class knows
 
 from __future__ import annotations
 
+import math
+
 import re
 from typing import Annotated, Any, Literal, Union
 
@@ -201,6 +203,17 @@ class Recipe(Strict):
         if self.batch_size % self.grad_accum:
             raise ValueError(f"grad_accum={self.grad_accum} must divide batch_size={self.batch_size}")
         return self
+
+
+def planned_steps(recipe: dict, *, params: int, seq_len: int) -> int:
+    """Optimizer steps of a dumped recipe: ``steps``, or enough steps of ``batch_size x seq_len`` tokens
+    to train on ``tokens`` (a count, or ``"20x"`` times the ``params`` non-embedding parameters)."""
+    tokens = recipe.get("tokens")
+    if tokens is None:
+        return recipe["steps"]
+    ratio = tokens_per_param(tokens)
+    total = ratio * params if ratio is not None else int(tokens)
+    return max(1, math.ceil(total / (recipe["batch_size"] * seq_len)))
 
 
 def tokens_per_param(tokens: int | str | None) -> float | None:

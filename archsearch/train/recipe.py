@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from archsearch.space.training import tokens_per_param
+from archsearch.space.training import planned_steps
 
 
 def lr_at(step: int, *, lr: float, warmup_steps: int, steps: int, min_lr_ratio: float,
@@ -62,12 +62,7 @@ def adamw(model: torch.nn.Module, recipe: dict) -> torch.optim.AdamW:
 def resolve_steps(recipe: dict, *, params: int, seq_len: int) -> int:
     """Optimizer steps of a recipe: ``steps``, or enough steps of ``batch_size x seq_len`` tokens to
     train on ``tokens`` (a count, or ``"20x"`` times the ``params`` non-embedding parameters)."""
-    tokens = recipe.get("tokens")
-    if tokens is None:
-        return recipe["steps"]
-    ratio = tokens_per_param(tokens)
-    total = ratio * params if ratio is not None else int(tokens)
-    return max(1, math.ceil(total / (recipe["batch_size"] * seq_len)))
+    return planned_steps(recipe, params=params, seq_len=seq_len)
 
 
 __all__ = ["adamw", "decays", "lr_at", "recipe_lr", "resolve_steps"]
