@@ -10,11 +10,14 @@ import json
 from datetime import datetime, timezone
 from pathlib import Path
 
+import plotly.graph_objects as go
 import plotly.io as pio
 from archsearch_dashboards.figures import (
     comparison_figure,
     curves_figure,
+    parallel_figure,
     pareto_figure,
+    plan_figure,
     scaling_figure,
     varying_axes,
 )
@@ -32,7 +35,16 @@ def completed_rows(store: Store, study: str | None) -> list[dict]:
             if r["status"] == "completed" and (r["sweep_group"] is None or r["sweep_best"])]
     for row in rows:
         row["axes"] = json.loads(row["axes"])
+        row["spec"] = json.loads(row["spec"])
     return rows
+
+
+def views(rows: list[dict], metrics: list[dict]) -> dict[str, go.Figure]:
+    """Every view of the report and the app, by name; the plan is the best trial's."""
+    best = min(rows, key=lambda r: r["val_loss"])
+    return {"scaling": scaling_figure(rows), "comparison": comparison_figure(rows),
+            "pareto": pareto_figure(rows, objectives=DEFAULT_OBJECTIVES), "parallel": parallel_figure(rows),
+            "curves": curves_figure(rows, metrics), "plan": plan_figure(best)}
 
 
 def write_report(store: Store, path: str | Path, *, study: str | None = None) -> Path:
@@ -41,10 +53,9 @@ def write_report(store: Store, path: str | Path, *, study: str | None = None) ->
     if not rows:
         raise ValueError(f"no completed trials{f' in study {study}' if study else ''} to report")
     metrics = store.metrics(study).to_pylist()
-    figures = [scaling_figure(rows), comparison_figure(rows), pareto_figure(rows, objectives=DEFAULT_OBJECTIVES),
-               curves_figure(rows, metrics)]
-    parts = [pio.to_html(fig, full_html=False, include_plotlyjs=(i == 0), default_height="520px")
-             for i, fig in enumerate(figures)]
+    parts = [pio.to_html(fig, full_html=False, include_plotlyjs=(i == 0), default_height="520px",
+                         div_id=f"view-{name}")
+             for i, (name, fig) in enumerate(views(rows, metrics).items())]
     title = f"archsearch report: {study or 'all studies'}"
     page = _PAGE.format(title=html.escape(title), when=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                         count=len(rows), figures="\n".join(f"<section>{p}</section>" for p in parts),
@@ -61,7 +72,7 @@ def _table(rows: list[dict]) -> str:
     head = ["trial", *axes, "params", "match error", "d_model", "MLP widths", "val loss", "tokens/s", "front"]
     lines = ["<tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>"]
     for r in sorted(rows, key=lambda r: r["val_loss"]):
-        widths = [layer["mlp_width"] for layer in json.loads(r["spec"])["layers"]]
+        widths = [layer["mlp_width"] for layer in r["spec"]["layers"]]
         cells = [r["trial_id"], *(r["axes"].get(a) for a in axes), f"{r['params']:,}",
                  f"{r['match_error']:+.2%}", r["d_model"], widths, f"{r['val_loss']:.4f}",
                  f"{r['tokens_per_s']:,.0f}", "yes" if r["trial_id"] in front else ""]
