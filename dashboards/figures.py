@@ -95,43 +95,50 @@ def _hover(row: dict, label: str) -> str:
 
 
 def scaling_figure(rows: list[dict], *, x: str = "params", y: str = "val_loss", bootstrap: int = 100) -> go.Figure:
-    """``y`` against ``x`` on log-log axes, one colour per arm; where an arm
-    has 3 or more sizes, its fitted L(N) = E + A / N^alpha as a line with
-    the fit's confidence band (bootstrap, 95%) out to twice its largest size."""
+    """``y`` against ``x`` on log-log axes, one colour per arm, with fitted
+    L(N) = E + A / N^alpha lines and their 95% confidence bands (bootstrap)
+    out to twice the largest size: one per arm with 4 or more sizes, else one
+    per family (pooling its arms, in grey) where the family has enough."""
     _, groups = _arms(rows)
     colours = arm_colours(rows)
     fits = _fits(groups, x=x, y=y, bootstrap=bootstrap)
     fig = go.Figure()
     for label, members in groups.items():
         members = sorted(members, key=lambda r: r[x])
-        colour, name = colours[label], text(label)
         fig.add_trace(go.Scatter(
-            x=[r[x] for r in members], y=[r[y] for r in members], mode="markers", name=name,
-            legendgroup=name, marker=dict(color=colour, size=9), text=[_hover(r, label) for r in members],
-            hovertemplate="%{text}<extra></extra>"))
-        fit = fits.get(label)
-        if fit is None:
-            continue
-        low, high = fit.ranges["N"]
-        grid = np.geomspace(low, 2 * high, 30)
-        predictions = [fit.predict(N=float(n)) for n in grid]
-        band_low = [p.loss.low for p in predictions]
-        band_high = [p.loss.high for p in predictions]
-        alpha = fit.estimates["alpha"]
-        fig.add_trace(go.Scatter(
-            x=[*grid, *grid[::-1]], y=[*band_high, *band_low[::-1]], fill="toself", mode="lines",
-            line=dict(width=0), fillcolor=colour, opacity=0.18, legendgroup=name, showlegend=False,
-            hoverinfo="skip", name=f"{name} band"))
-        fig.add_trace(go.Scatter(
-            x=grid, y=[p.loss.value for p in predictions], mode="lines", line=dict(color=colour, dash="dot"),
-            legendgroup=name, showlegend=False, name=f"{name} fit",
-            hovertemplate=f"{name}<br>fit: E + A/N^α, α={alpha.value:.3f}<br>N=%{{x:,.0f}}: "
-                          "%{y:.4f}<extra></extra>"))
+            x=[r[x] for r in members], y=[r[y] for r in members], mode="markers", name=text(label),
+            legendgroup=text(label), marker=dict(color=colours[label], size=9),
+            text=[_hover(r, label) for r in members], hovertemplate="%{text}<extra></extra>"))
+        if label in fits:
+            _add_fit(fig, fits[label], name=text(label), colour=colours[label], legend=False)
+    unfitted = [r for label, members in groups.items() if label not in fits for r in members]
+    families: dict[str, list[dict]] = defaultdict(list)
+    for row in unfitted:
+        families[f"family {row.get('family', 'all')}"].append(row)
+    for label, fit in _fits(families, x=x, y=y, bootstrap=bootstrap).items():
+        _add_fit(fig, fit, name=f"{text(label)} fit", colour="#555555", legend=True)
     fig.update_xaxes(type="log", title=_title(x))
     fig.update_yaxes(type="log", title=_title(y))
     fig.update_layout(title=f"Scaling: {_title(y)} vs {_title(x)} (dotted: fitted L(N), band: 95% interval)",
                       template=TEMPLATE, legend_title="arm")
     return fig
+
+
+def _add_fit(fig: go.Figure, fit, *, name: str, colour: str, legend: bool) -> None:
+    """A fitted law's line and confidence band, in ``colour``, grouped with ``name`` in the legend."""
+    low, high = fit.ranges["N"]
+    grid = np.geomspace(low, 2 * high, 30)
+    predictions = [fit.predict(N=float(n)) for n in grid]
+    band = [*[p.loss.high for p in predictions], *[p.loss.low for p in predictions][::-1]]
+    alpha = fit.estimates["alpha"]
+    fig.add_trace(go.Scatter(x=[*grid, *grid[::-1]], y=band, fill="toself", mode="lines", line=dict(width=0),
+                             fillcolor=colour, opacity=0.18, legendgroup=name, showlegend=False,
+                             hoverinfo="skip", name=f"{name} band"))
+    fig.add_trace(go.Scatter(
+        x=grid, y=[p.loss.value for p in predictions], mode="lines", line=dict(color=colour, dash="dot"),
+        legendgroup=name, showlegend=legend, name=name if legend else f"{name} fit",
+        hovertemplate=f"{name}<br>E + A/N^α: α={alpha.value:.3f}, E={fit.estimates['E'].value:.3f}"
+                      "<br>N=%{x:,.0f}: %{y:.4f}<extra></extra>"))
 
 
 # Fits are the slow part of a refresh; the app redraws every few seconds, so
@@ -143,7 +150,7 @@ def _fits(groups: dict[str, list[dict]], *, x: str, y: str, bootstrap: int) -> d
     out = {}
     for label, members in groups.items():
         points = tuple(sorted((float(r[x]), float(r[y])) for r in members if r.get(y) is not None))
-        if len({n for n, _ in points}) < 3:
+        if len(points) < 4 or len({n for n, _ in points}) < 3:  # L(N) has 3 parameters
             continue
         key = (points, bootstrap)
         if key not in _FIT_CACHE:
