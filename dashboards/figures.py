@@ -201,9 +201,11 @@ def parallel_figure(rows: list[dict]) -> go.Figure:
         if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
             dimensions.append(dict(label=text(axis), values=values))
             continue
-        levels = sorted({str(v) for v in values})
-        dimensions.append(dict(label=text(axis), values=[levels.index(str(v)) for v in values],
-                               tickvals=list(range(len(levels))), ticktext=[text(v) for v in levels]))
+        values = ["n/a" if v is None else str(v) for v in values]  # the axis does not apply to that trial
+        levels = sorted(set(values))
+        # parcoords draws tick labels as plain SVG text (no markup, no entities), so they stay raw
+        dimensions.append(dict(label=text(axis), values=[levels.index(v) for v in values],
+                               tickvals=list(range(len(levels))), ticktext=levels))
     dimensions += [dict(label="params", values=[r["params"] for r in rows]),
                    dict(label="val_loss", values=[r["val_loss"] for r in rows])]
     losses = [r["val_loss"] for r in rows]

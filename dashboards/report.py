@@ -11,7 +11,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import plotly.graph_objects as go
-import plotly.io as pio
 from archsearch_dashboards.figures import (
     comparison_figure,
     curves_figure,
@@ -53,9 +52,10 @@ def write_report(store: Store, path: str | Path, *, study: str | None = None) ->
     if not rows:
         raise ValueError(f"no completed trials{f' in study {study}' if study else ''} to report")
     metrics = store.metrics(study).to_pylist()
-    parts = [pio.to_html(fig, full_html=False, include_plotlyjs=(i == 0), default_height="520px",
-                         div_id=f"view-{name}")
-             for i, (name, fig) in enumerate(views(rows, metrics).items())]
+    from plotly.offline import get_plotlyjs
+
+    parts = [f"<script>{get_plotlyjs()}</script>"]
+    parts += [_figure_html(name, fig) for name, fig in views(rows, metrics).items()]
     title = f"archsearch report: {study or 'all studies'}"
     page = _PAGE.format(title=html.escape(title), when=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                         count=len(rows), figures="\n".join(f"<section>{p}</section>" for p in parts),
@@ -64,6 +64,19 @@ def write_report(store: Store, path: str | Path, *, study: str | None = None) ->
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(page, encoding="utf-8")
     return path
+
+
+def _figure_html(name: str, fig: go.Figure) -> str:
+    """One interactive figure as a div and the script that draws it.
+
+    The figure's JSON sits inside a <script> element, where a ``</script>``
+    in any string would end it early; ``<``, ``>`` and ``&`` are written as
+    JSON escapes, which mean the same characters to the script.
+    """
+    spec = fig.to_json().replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    return (f'<div id="view-{name}" class="plotly-graph-div" style="height:520px; width:100%;"></div>\n'
+            f'<script>(function () {{ const fig = {spec};\n'
+            f'Plotly.newPlot("view-{name}", fig.data, fig.layout, {{responsive: true}}); }})();</script>')
 
 
 def _table(rows: list[dict]) -> str:
