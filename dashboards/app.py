@@ -13,7 +13,7 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 from archsearch_dashboards.figures import TEMPLATE, group_label, plan_figure, varying_axes
-from archsearch_dashboards.report import completed_rows, views
+from archsearch_dashboards.report import completed_rows, curve_metrics, curve_trials, views
 
 import archsearch as A
 
@@ -21,14 +21,16 @@ REFRESH_MS = 5_000
 VIEWS = ("scaling", "comparison", "pareto", "parallel", "curves", "plan")
 
 
-def load(store: str | Path, study: str | None) -> tuple[list[dict], list[dict], list[str]]:
-    """Completed trials and metric rows of ``study`` (None: all), and every study's name."""
+def load(store: str | Path, study: str | None) -> tuple[list[dict], list[str]]:
+    """Completed trials of ``study`` (None: all), and every study's name."""
     with A.open_store(store, read_only=True) as db:
-        names = db.studies().column("name").to_pylist()
-        rows = completed_rows(db, study)
-        ids = {r["trial_id"] for r in rows}
-        metrics = [m for m in db.metrics(study).to_pylist() if m["trial_id"] in ids]
-    return rows, metrics, names
+        return completed_rows(db, study), db.studies().column("name").to_pylist()
+
+
+def load_curves(store: str | Path, rows: list[dict]) -> list[dict]:
+    """Thinned metric rows of the trials whose curves are drawn (see ``report.curve_trials``)."""
+    with A.open_store(store, read_only=True) as db:
+        return curve_metrics(db, curve_trials(rows))
 
 
 def axis_names(rows: list[dict]) -> list[str]:
@@ -64,7 +66,7 @@ def refresh(store: str | Path, *, study: str | None = None, families: list[str] 
             axis: str | None = None, values: list[str] | None = None, trial: str | None = None) -> dict:
     """Everything one redraw shows: the figures by view name, a summary line,
     and the options of each filter (families, axes, values, trials)."""
-    everything, metrics, studies = load(store, study)
+    everything, studies = load(store, study)
     rows = filter_rows(everything, families=families, axis=axis, values=values)
     out = {"studies": studies, "families": sorted({r["family"] for r in everything}),
            "axes": axis_names(everything), "values": axis_values(everything, axis),
@@ -74,7 +76,7 @@ def refresh(store: str | Path, *, study: str | None = None, families: list[str] 
         what = "no completed trials yet" if not everything else "no trials match the filters"
         out.update(summary=what, figures={name: empty_figure(what) for name in VIEWS})
         return out
-    figures = views(rows, metrics)
+    figures = views(rows, load_curves(store, rows))
     chosen = next((r for r in rows if r["trial_id"] == trial), None)
     if chosen is not None:
         figures["plan"] = plan_figure(chosen)

@@ -246,7 +246,8 @@ def curves_figure(rows: list[dict], metrics: list[dict]) -> go.Figure:
         shown.add(label)
     fig.update_xaxes(title="tokens seen")
     fig.update_yaxes(title="validation loss")
-    fig.update_layout(title="Learning curves: validation loss during training", template=TEMPLATE,
+    drawn = f" ({len(by_trial)} of {len(rows)} trials: the best of each arm first)" if len(by_trial) < len(rows) else ""
+    fig.update_layout(title=f"Learning curves: validation loss during training{drawn}", template=TEMPLATE,
                       legend_title="arm")
     return fig
 

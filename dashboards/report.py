@@ -12,8 +12,10 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 from archsearch_dashboards.figures import (
+    MAX_CURVE_POINTS,
     comparison_figure,
     curves_figure,
+    group_label,
     parallel_figure,
     pareto_figure,
     plan_figure,
@@ -25,6 +27,8 @@ from archsearch.analysis import pareto_front
 from archsearch.store import Store
 
 DEFAULT_OBJECTIVES = [("val_loss", "min"), ("params", "min")]
+# Learning curves drawn at most (one trace each); beyond it the best of each arm come first.
+MAX_CURVES = 60
 
 
 def completed_rows(store: Store, study: str | None) -> list[dict]:
@@ -36,6 +40,34 @@ def completed_rows(store: Store, study: str | None) -> list[dict]:
         row["axes"] = json.loads(row["axes"])
         row["spec"] = json.loads(row["spec"])
     return rows
+
+
+def curve_trials(rows: list[dict], limit: int = MAX_CURVES) -> list[str]:
+    """The trials whose learning curves are drawn: every one up to ``limit``,
+    else the best of each arm first, then the next best overall."""
+    if len(rows) <= limit:
+        return [r["trial_id"] for r in rows]
+    axes = varying_axes(rows)
+    ranked = sorted(rows, key=lambda r: r["val_loss"])
+    best: dict[str, str] = {}
+    for row in ranked:
+        best.setdefault(group_label(row, axes), row["trial_id"])
+    chosen = list(best.values())[:limit]
+    rest = [r["trial_id"] for r in ranked if r["trial_id"] not in set(chosen)]
+    return chosen + rest[:limit - len(chosen)]
+
+
+def curve_metrics(store: Store, trial_ids: list[str], points: int = MAX_CURVE_POINTS) -> list[dict]:
+    """The metric rows of ``trial_ids``, thinned in the store to about ``points``
+    per trial (first and last kept), so a study of millions of points loads quickly."""
+    if not trial_ids:
+        return []
+    return store.sql(
+        "SELECT trial_id, step, tokens, val_loss FROM (SELECT trial_id, step, tokens, val_loss, "
+        "row_number() OVER w AS i, count(*) OVER (PARTITION BY trial_id) AS n FROM metrics "
+        "WHERE trial_id IN (SELECT unnest(?::VARCHAR[])) WINDOW w AS (PARTITION BY trial_id ORDER BY step)) "
+        "WHERE n <= ? OR i = 1 OR i = n OR (i - 1) % ceil(n / ?)::BIGINT = 0 ORDER BY trial_id, step",
+        [trial_ids, points, points]).to_pylist()
 
 
 def views(rows: list[dict], metrics: list[dict]) -> dict[str, go.Figure]:
@@ -51,7 +83,7 @@ def write_report(store: Store, path: str | Path, *, study: str | None = None) ->
     rows = completed_rows(store, study)
     if not rows:
         raise ValueError(f"no completed trials{f' in study {study}' if study else ''} to report")
-    metrics = store.metrics(study).to_pylist()
+    metrics = curve_metrics(store, curve_trials(rows))
     from plotly.offline import get_plotlyjs
 
     parts = [f"<script>{get_plotlyjs()}</script>"]

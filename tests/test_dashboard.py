@@ -164,3 +164,25 @@ def test_report_json_views_are_the_apps(store, tmp_path):
     for name in VIEWS:
         assert f'id="view-{name}"' in page
     assert json.dumps("family hybrid fit") in page
+
+
+def test_curves_are_thinned_in_the_store_and_capped_to_the_best_of_each_arm(tmp_path):
+    """A 1,000-point curve comes back as about 200 points with both ends;
+    with room for 5 curves of 15 trials, each of the 5 arms gets its best one."""
+    from archsearch_dashboards.report import completed_rows, curve_metrics, curve_trials
+
+    path = tmp_path / "long.duckdb"
+    ids = write_store(path)
+    with A.open_store(path) as db:
+        db.finish(ids[0], result(2.0, points=1_000))
+        points = curve_metrics(db, [ids[0]])
+        rows = completed_rows(db, None)
+    steps = [p["step"] for p in points]
+    assert 150 <= len(steps) <= 201 and steps[0] == 10 and steps[-1] == 10_000 and steps == sorted(steps)
+    chosen = curve_trials(rows, limit=5)
+    axes = varying_axes(rows)
+    by_id = {r["trial_id"]: r for r in rows}
+    assert len({group_label(by_id[t], axes) for t in chosen}) == 5
+    for trial_id in chosen:
+        arm = group_label(by_id[trial_id], axes)
+        assert by_id[trial_id]["val_loss"] == min(r["val_loss"] for r in rows if group_label(r, axes) == arm)
