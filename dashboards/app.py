@@ -68,9 +68,10 @@ def refresh(store: str | Path, *, study: str | None = None, families: list[str] 
     and the options of each filter (families, axes, values, trials)."""
     everything, studies = load(store, study)
     rows = filter_rows(everything, families=families, axis=axis, values=values)
+    axes = varying_axes(rows)
     out = {"studies": studies, "families": sorted({r["family"] for r in everything}),
            "axes": axis_names(everything), "values": axis_values(everything, axis),
-           "trials": [{"label": f"{r['trial_id']} ({group_label(r, varying_axes(rows))})", "value": r["trial_id"]}
+           "trials": [{"label": f"{r['trial_id']} ({group_label(r, axes)})", "value": r["trial_id"]}
                       for r in sorted(rows, key=lambda r: r["val_loss"])]}
     if not rows:
         what = "no completed trials yet" if not everything else "no trials match the filters"

@@ -28,6 +28,8 @@ TEMPLATE = "plotly_white"
 # Curves are thinned to this many points each (first and last kept), so a
 # report of a large study stays small and the app stays quick.
 MAX_CURVE_POINTS = 200
+# Side-by-side bars: one per budget target up to this many targets, else each arm's best.
+MAX_TARGETS = 8
 
 
 def _palette() -> list[str]:
@@ -259,16 +261,25 @@ def comparison_figure(rows: list[dict], *, y: str = "val_loss") -> go.Figure:
     few percent; hover gives each bar's difference from the best arm at its target.
     """
     axes = varying_axes(rows)
+    best_of: dict[str, float] = {}
+    for row in rows:
+        label = group_label(row, axes)
+        best_of[label] = min(best_of.get(label, row[y]), row[y])
+    labels = sorted(best_of, key=best_of.get)
     targets = sorted({r["target"] for r in rows})
-    labels = sorted({group_label(r, axes) for r in rows},
-                    key=lambda label: min(r[y] for r in rows if group_label(r, axes) == label))
+    # Budgets on a ladder get a bar each; a sampled study (a budget per trial) gets each arm's best.
+    ladder = len(targets) <= MAX_TARGETS
     fig = go.Figure()
-    for i, target in enumerate(targets):
-        at = {group_label(r, axes): r for r in rows if r["target"] == target}
+    for i, target in enumerate(targets if ladder else [None]):
+        at = {}
+        for row in rows if target is None else [r for r in rows if r["target"] == target]:
+            label = group_label(row, axes)
+            if label not in at or row[y] < at[label][y]:
+                at[label] = row
         best = min(r[y] for r in at.values())
         fig.add_trace(go.Bar(
             x=[text(label) for label in labels], y=[at[label][y] if label in at else None for label in labels],
-            name=f"target {target:,.0f}", marker_color=PALETTE[i % len(PALETTE)],
+            name=f"target {target:,.0f}" if ladder else "best of each arm", marker_color=PALETTE[i % len(PALETTE)],
             customdata=[[text(at[label]["trial_id"]), at[label]["params"], at[label][y] - best]
                         if label in at else [None, None, None] for label in labels],
             hovertemplate=f"%{{x}}<br>{y}=%{{y:.4f}} (%{{customdata[2]:+.4f}} vs best)<br>"
