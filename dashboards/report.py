@@ -103,7 +103,8 @@ def _figure_html(name: str, fig: go.Figure) -> str:
 
     The figure's JSON sits inside a <script> element, where a ``</script>``
     in any string would end it early; ``<``, ``>`` and ``&`` are written as
-    JSON escapes, which mean the same characters to the script.
+    JSON escapes, which mean the same characters to the script (plotly's
+    encoder escapes the first two today; this does not depend on it).
     """
     spec = fig.to_json().replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
     return (f'<div id="view-{name}" class="plotly-graph-div" style="height:520px; width:100%;"></div>\n'
