@@ -375,6 +375,22 @@ def report(output: Annotated[Optional[Path], typer.Option(
 
 @app.command()
 @user_errors
+def dashboard(store: StoreOpt = DEFAULT_STORE,
+              host: Annotated[str, typer.Option(help="address to serve on (loopback by default)")] = "127.0.0.1",
+              port: Annotated[int, typer.Option(help="port to serve on")] = 8050):
+    """The live dashboard: figures that redraw as trials finish (Ctrl-C stops it)."""
+    if not store.exists():
+        _fail(f"no store at {store}; run a study first (archsearch run STUDY) or pass --store PATH", 2)
+    try:
+        from archsearch_dashboards.app import serve
+    except ImportError as err:
+        _fail(f"the dashboard needs Dash ({err.name} is missing): pip install 'archsearch[dashboard]'", 2)
+    typer.echo(f"dashboard: http://{host}:{port}/ over {store} (Ctrl-C stops it)")
+    serve(store, host=host, port=port)
+
+
+@app.command()
+@user_errors
 def export(parquet: Annotated[Path, typer.Option("--parquet", help="folder to write one .parquet per table")],
            store: StoreOpt = DEFAULT_STORE):
     """The store as Parquet files."""

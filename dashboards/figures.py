@@ -1,117 +1,334 @@
-"""Plotly figures over result rows: scaling, Pareto front, loss curves.
+"""Plotly figures over result rows, shared by the HTML report and the live app.
 
 Rows are plain dicts as the store returns them (``trials().to_pylist()``),
-with ``axes`` already decoded from JSON.
+with ``axes`` and ``spec`` already decoded from JSON (see ``report.decoded``).
+
+Every string that comes from a study file (axis names and values, family and
+trial names) passes through ``text`` before it reaches a figure: plotly.js
+draws a small set of HTML tags in labels, and the report embeds figure JSON
+inside a <script> element, so a raw ``</script>`` or ``<img onerror=...>``
+would otherwise run in the reader's browser. plotly.js turns the entities
+back into the characters on screen.
 """
 
 from __future__ import annotations
 
+import html
 from collections import defaultdict
 
+import numpy as np
+import plotly.colors
 import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
-from archsearch.analysis import pareto_front
+from archsearch.analysis import fit_scaling, pareto
+
+# Columns a figure reads besides the axes.
+TEMPLATE = "plotly_white"
+# Curves are thinned to this many points each (first and last kept), so a
+# report of a large study stays small and the app stays quick.
+MAX_CURVE_POINTS = 200
+# Side-by-side bars: one per budget target up to this many targets, else each arm's best.
+MAX_TARGETS = 8
+
+
+def _palette() -> list[str]:
+    """Distinct colours for arms: the strong qualitative palettes first, deduplicated (104 colours)."""
+    out: list[str] = []
+    for name in ("Plotly", "D3", "Dark24", "Alphabet", "G10", "T10", "Light24"):
+        for colour in getattr(plotly.colors.qualitative, name):
+            if colour.lower() not in out:
+                out.append(colour.lower())
+    return out
+
+
+PALETTE = _palette()
+
+
+def text(value) -> str:
+    """A value from a study file, safe to show in a figure or a page."""
+    return html.escape(str(value), quote=True)
 
 
 def varying_axes(rows: list[dict]) -> list[str]:
-    """Axis names whose value differs between trials, in first-seen order.
+    """Axis names whose value differs between the trials that have them, in first-seen order.
 
-    A swept learning rate is tuning, not an arm, so it never splits a line.
+    A swept learning rate is tuning, not an arm, so it never splits a line;
+    an axis that is absent or None for a trial (one that applies to another
+    family only) does not count as a value.
     """
     names: dict[str, set] = {}
     for row in rows:
         for name, value in row["axes"].items():
-            if name == "lr":
+            if name == "lr" or value is None:
                 continue
             names.setdefault(name, set()).add(repr(value))
     return [name for name, values in names.items() if len(values) > 1]
 
 
 def group_label(row: dict, axes: list[str]) -> str:
-    return ", ".join(f"{a}={row['axes'].get(a)}" for a in axes) or row.get("family", "all")
+    """The arm of a row: ``a=x, b=y`` over the varying axes that apply to it (raw, unescaped)."""
+    parts = [f"{a}={row['axes'][a]}" for a in axes if row["axes"].get(a) is not None]
+    return ", ".join(parts) or str(row.get("family", "all"))
 
 
-def scaling_figure(rows: list[dict], *, x: str = "params", y: str = "val_loss") -> go.Figure:
-    """``y`` against ``x`` on log-log axes, one line per combination of varying axes."""
+def arm_colours(rows: list[dict]) -> dict[str, str]:
+    """One colour per arm, in sorted arm order; distinct up to ``len(PALETTE)`` arms."""
+    axes = varying_axes(rows)
+    labels = sorted({group_label(r, axes) for r in rows})
+    return {label: PALETTE[i % len(PALETTE)] for i, label in enumerate(labels)}
+
+
+def _arms(rows: list[dict]) -> tuple[list[str], dict[str, list[dict]]]:
     axes = varying_axes(rows)
     groups: dict[str, list[dict]] = defaultdict(list)
     for row in rows:
         groups[group_label(row, axes)].append(row)
+    return axes, dict(sorted(groups.items()))
+
+
+def _hover(row: dict, label: str) -> str:
+    """Hover details of one trial, every part escaped."""
+    lines = [f"<b>{text(row['trial_id'])}</b>", text(label), f"params {row['params']:,}",
+             f"val_loss {row['val_loss']:.4f}", f"d_model {row['d_model']}, {row['num_layers']} layers"]
+    if row.get("tokens_per_s") is not None:
+        lines.append(f"{row['tokens_per_s']:,.0f} tokens/s")
+    return "<br>".join(lines)
+
+
+def scaling_figure(rows: list[dict], *, x: str = "params", y: str = "val_loss", bootstrap: int = 100) -> go.Figure:
+    """``y`` against ``x`` on log-log axes, one colour per arm, with fitted
+    L(N) = E + A / N^alpha lines and their 95% confidence bands (bootstrap)
+    out to twice the largest size: one per arm with 4 or more sizes, else one
+    per family (pooling its arms, in grey) where the family has enough."""
+    _, groups = _arms(rows)
+    colours = arm_colours(rows)
+    fits = _fits(groups, x=x, y=y, bootstrap=bootstrap)
     fig = go.Figure()
-    for label, members in sorted(groups.items()):
-        members.sort(key=lambda r: r[x])
+    for label, members in groups.items():
+        members = sorted(members, key=lambda r: r[x])
         fig.add_trace(go.Scatter(
-            x=[r[x] for r in members], y=[r[y] for r in members], mode="lines+markers", name=label,
-            customdata=[[r["trial_id"], r["d_model"], r["num_layers"]] for r in members],
-            hovertemplate=f"{x}=%{{x:,}}<br>{y}=%{{y:.4f}}<br>trial %{{customdata[0]}}"
-                          "<br>d_model=%{customdata[1]} layers=%{customdata[2]}<extra>%{fullData.name}</extra>"))
+            x=[r[x] for r in members], y=[r[y] for r in members], mode="markers", name=text(label),
+            legendgroup=text(label), marker=dict(color=colours[label], size=9),
+            text=[_hover(r, label) for r in members], hovertemplate="%{text}<extra></extra>"))
+        if label in fits:
+            _add_fit(fig, fits[label], name=text(label), colour=colours[label], legend=False)
+    unfitted = [r for label, members in groups.items() if label not in fits for r in members]
+    families: dict[str, list[dict]] = defaultdict(list)
+    for row in unfitted:
+        families[f"family {row.get('family', 'all')}"].append(row)
+    for label, fit in _fits(families, x=x, y=y, bootstrap=bootstrap).items():
+        _add_fit(fig, fit, name=f"{text(label)} fit", colour="#555555", legend=True)
     fig.update_xaxes(type="log", title=_title(x))
     fig.update_yaxes(type="log", title=_title(y))
-    fig.update_layout(title=f"Scaling: {_title(y)} vs {_title(x)}", template="plotly_white", legend_title="arm")
+    fig.update_layout(title=f"Scaling: {_title(y)} vs {_title(x)} (dotted: fitted L(N), band: 95% interval)",
+                      template=TEMPLATE, legend_title="arm")
     return fig
+
+
+def _add_fit(fig: go.Figure, fit, *, name: str, colour: str, legend: bool) -> None:
+    """A fitted law's line and confidence band, in ``colour``, grouped with ``name`` in the legend."""
+    low, high = fit.ranges["N"]
+    grid = np.geomspace(low, 2 * high, 30)
+    predictions = [fit.predict(N=float(n)) for n in grid]
+    band = [*[p.loss.high for p in predictions], *[p.loss.low for p in predictions][::-1]]
+    alpha = fit.estimates["alpha"]
+    fig.add_trace(go.Scatter(x=[*grid, *grid[::-1]], y=band, fill="toself", mode="lines", line=dict(width=0),
+                             fillcolor=colour, opacity=0.18, legendgroup=name, showlegend=False,
+                             hoverinfo="skip", name=f"{name} band"))
+    fig.add_trace(go.Scatter(
+        x=grid, y=[p.loss.value for p in predictions], mode="lines", line=dict(color=colour, dash="dot"),
+        legendgroup=name, showlegend=legend, name=name if legend else f"{name} fit",
+        hovertemplate=f"{name}<br>E + A/N^α: α={alpha.value:.3f}, E={fit.estimates['E'].value:.3f}"
+                      "<br>N=%{x:,.0f}: %{y:.4f}<extra></extra>"))
+
+
+# Fits are the slow part of a refresh; the app redraws every few seconds, so
+# each arm's fit is kept for as long as its points stay the same.
+_FIT_CACHE: dict[tuple, object] = {}
+
+
+def _fits(groups: dict[str, list[dict]], *, x: str, y: str, bootstrap: int) -> dict[str, object]:
+    out = {}
+    for label, members in groups.items():
+        points = tuple(sorted((float(r[x]), float(r[y])) for r in members if r.get(y) is not None))
+        if len(points) < 4 or len({n for n, _ in points}) < 3:  # L(N) has 3 parameters
+            continue
+        key = (points, bootstrap)
+        if key not in _FIT_CACHE:
+            try:
+                fits = fit_scaling({"N": [n for n, _ in points], "loss": [v for _, v in points]}, laws=("N",),
+                                   by=None, loss_col="loss", n_col="N", d_col=None, bootstrap=bootstrap)
+                _FIT_CACHE[key] = fits.fits[0]
+            except ValueError:  # too few distinct sizes, or sizes that do not identify the law
+                _FIT_CACHE[key] = None
+        if _FIT_CACHE[key] is not None:
+            out[label] = _FIT_CACHE[key]
+    return out
 
 
 def pareto_figure(rows: list[dict], *, objectives: list[tuple[str, str]]) -> go.Figure:
-    """Every trial as a point, the non-dominated ones joined as the front."""
-    (x, _), (y, _) = objectives[1], objectives[0]
-    front = pareto_front(rows, objectives)
-    axes = varying_axes(rows)
+    """Every trial as a point coloured by arm, the non-dominated ones joined as
+    the front; hover gives each trial's details, the subtitle how values were compared."""
+    (y, _), (x, _) = objectives[0], objectives[1]
+    front = pareto(rows, objectives)
+    _, groups = _arms(rows)
+    colours = arm_colours(rows)
     fig = go.Figure()
+    for label, members in groups.items():
+        fig.add_trace(go.Scatter(
+            x=[r[x] for r in members], y=[r[y] for r in members], mode="markers", name=text(label),
+            marker=dict(color=colours[label], size=9, line=dict(width=1, color="white")),
+            text=[_hover(r, label) for r in members], hovertemplate="%{text}<extra></extra>"))
+    on_front = sorted(front.rows, key=lambda r: r[x])
     fig.add_trace(go.Scatter(
-        x=[r[x] for r in rows], y=[r[y] for r in rows], mode="markers", name="trials",
-        marker=dict(color="lightgray", size=9, line=dict(width=1, color="gray")),
-        text=[group_label(r, axes) for r in rows],
-        hovertemplate=f"{x}=%{{x:,}}<br>{y}=%{{y:.4f}}<br>%{{text}}<extra></extra>"))
-    front = sorted(front, key=lambda r: r[x])
-    fig.add_trace(go.Scatter(
-        x=[r[x] for r in front], y=[r[y] for r in front], mode="lines+markers", name="Pareto front",
-        line=dict(shape="hv", color="crimson"), marker=dict(size=11),
-        text=[group_label(r, axes) for r in front],
-        hovertemplate=f"{x}=%{{x:,}}<br>{y}=%{{y:.4f}}<br>%{{text}}<extra>front</extra>"))
+        x=[r[x] for r in on_front], y=[r[y] for r in on_front], mode="lines", name="Pareto front",
+        line=dict(shape="hv", color="black", width=1.5), hoverinfo="skip"))
     fig.update_xaxes(type="log", title=_title(x))
     fig.update_yaxes(title=_title(y))
-    fig.update_layout(title=f"Pareto front: {_title(y)} vs {_title(x)}", template="plotly_white")
+    notes = "; ".join(front.notes)
+    subtitle = f"<br><sup>{text(notes)}</sup>" if notes else ""
+    fig.update_layout(title=f"Pareto front: {_title(y)} vs {_title(x)} ({len(on_front)} of {len(rows)} "
+                            f"trials){subtitle}", template=TEMPLATE, legend_title="arm")
     return fig
 
 
+def parallel_figure(rows: list[dict]) -> go.Figure:
+    """Parallel coordinates over the axes that vary, then params and loss;
+    lines coloured by loss. Text axes become numbered ticks with their values as labels."""
+    axes = varying_axes(rows) or [a for a in rows[0]["axes"] if a != "lr"]
+    dimensions = []
+    for axis in axes:
+        values = [r["axes"].get(axis) for r in rows]
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            dimensions.append(dict(label=text(axis), values=values))
+            continue
+        values = ["n/a" if v is None else str(v) for v in values]  # the axis does not apply to that trial
+        levels = sorted(set(values))
+        # parcoords draws tick labels as plain SVG text (no markup, no entities), so they stay raw
+        dimensions.append(dict(label=text(axis), values=[levels.index(v) for v in values],
+                               tickvals=list(range(len(levels))), ticktext=levels))
+    dimensions += [dict(label="params", values=[r["params"] for r in rows]),
+                   dict(label="val_loss", values=[r["val_loss"] for r in rows])]
+    losses = [r["val_loss"] for r in rows]
+    fig = go.Figure(go.Parcoords(dimensions=dimensions, line=dict(
+        color=losses, colorscale="Viridis_r", showscale=True, colorbar=dict(title="val_loss"))))
+    fig.update_layout(title="Parallel coordinates over the axes (colour: validation loss)", template=TEMPLATE)
+    return fig
+
+
+def thin(points: list[dict], limit: int = MAX_CURVE_POINTS) -> list[dict]:
+    """At most ``limit`` evenly spaced points of a curve, its first and last kept."""
+    if len(points) <= limit:
+        return points
+    keep = np.unique(np.linspace(0, len(points) - 1, limit).round().astype(int))
+    return [points[i] for i in keep]
+
+
 def curves_figure(rows: list[dict], metrics: list[dict]) -> go.Figure:
-    """Validation loss against tokens for every trial."""
+    """Validation loss against tokens for every trial, coloured by arm (curves thinned, see ``thin``)."""
     axes = varying_axes(rows)
-    labels = {r["trial_id"]: f"{group_label(r, axes)}, {r['params']:,} params" for r in rows}
+    colours = arm_colours(rows)
+    by_id = {r["trial_id"]: r for r in rows}
     by_trial: dict[str, list[dict]] = defaultdict(list)
     for m in metrics:
-        if m["trial_id"] in labels:
+        if m["trial_id"] in by_id and m.get("val_loss") is not None:
             by_trial[m["trial_id"]].append(m)
     fig = go.Figure()
-    for trial_id, points in by_trial.items():
-        points.sort(key=lambda m: m["step"])
-        fig.add_trace(go.Scatter(x=[m["tokens"] for m in points], y=[m["val_loss"] for m in points],
-                                 mode="lines", name=labels[trial_id]))
+    shown: set[str] = set()
+    for trial_id in sorted(by_trial, key=lambda t: (group_label(by_id[t], axes), by_id[t]["params"])):
+        row, label = by_id[trial_id], group_label(by_id[trial_id], axes)
+        points = thin(sorted(by_trial[trial_id], key=lambda m: m["step"]))
+        fig.add_trace(go.Scatter(
+            x=[m["tokens"] for m in points], y=[m["val_loss"] for m in points], mode="lines",
+            name=text(label), legendgroup=text(label), showlegend=label not in shown,
+            line=dict(color=colours[label]),
+            hovertemplate=f"{text(trial_id)}<br>{text(label)}, {row['params']:,} params<br>"
+                          "tokens %{x:,}<br>val_loss %{y:.4f}<extra></extra>"))
+        shown.add(label)
     fig.update_xaxes(title="tokens seen")
     fig.update_yaxes(title="validation loss")
-    fig.update_layout(title="Validation loss during training", template="plotly_white")
+    drawn = f" ({len(by_trial)} of {len(rows)} trials: the best of each arm first)" if len(by_trial) < len(rows) else ""
+    fig.update_layout(title=f"Learning curves: validation loss during training{drawn}", template=TEMPLATE,
+                      legend_title="arm")
     return fig
 
 
 def comparison_figure(rows: list[dict], *, y: str = "val_loss") -> go.Figure:
-    """Every arm side by side: one bar per arm (combination of varying axes),
-    one colour per budget target, best first."""
+    """Every arm side by side, best first: one bar per arm and budget target.
+
+    The y axis spans the values (not from zero), since arms often differ by a
+    few percent; hover gives each bar's difference from the best arm at its target.
+    """
     axes = varying_axes(rows)
+    best_of: dict[str, float] = {}
+    for row in rows:
+        label = group_label(row, axes)
+        best_of[label] = min(best_of.get(label, row[y]), row[y])
+    labels = sorted(best_of, key=best_of.get)
     targets = sorted({r["target"] for r in rows})
-    labels = sorted({group_label(r, axes) for r in rows},
-                    key=lambda label: min(r[y] for r in rows if group_label(r, axes) == label))
+    # Budgets on a ladder get a bar each; a sampled study (a budget per trial) gets each arm's best.
+    ladder = len(targets) <= MAX_TARGETS
     fig = go.Figure()
-    for target in targets:
-        at = {group_label(r, axes): r for r in rows if r["target"] == target}
-        fig.add_trace(go.Bar(x=labels, y=[at[label][y] if label in at else None for label in labels],
-                             name=f"target {target:,.0f}",
-                             customdata=[[at[label]["trial_id"], at[label]["params"]] if label in at else [None, None]
-                                         for label in labels],
-                             hovertemplate=f"%{{x}}<br>{y}=%{{y:.4f}}<br>trial %{{customdata[0]}}"
-                                           "<br>params=%{customdata[1]:,}<extra></extra>"))
-    fig.update_layout(title=f"Side by side: {_title(y)} per arm (best first)", template="plotly_white",
-                      barmode="group", xaxis_tickangle=-30)
-    fig.update_yaxes(title=_title(y))
+    for i, target in enumerate(targets if ladder else [None]):
+        at = {}
+        for row in rows if target is None else [r for r in rows if r["target"] == target]:
+            label = group_label(row, axes)
+            if label not in at or row[y] < at[label][y]:
+                at[label] = row
+        best = min(r[y] for r in at.values())
+        fig.add_trace(go.Bar(
+            x=[text(label) for label in labels], y=[at[label][y] if label in at else None for label in labels],
+            name=f"target {target:,.0f}" if ladder else "best of each arm", marker_color=PALETTE[i % len(PALETTE)],
+            customdata=[[text(at[label]["trial_id"]), at[label]["params"], at[label][y] - best]
+                        if label in at else [None, None, None] for label in labels],
+            hovertemplate=f"%{{x}}<br>{y}=%{{y:.4f}} (%{{customdata[2]:+.4f}} vs best)<br>"
+                          "trial %{customdata[0]}<br>params=%{customdata[1]:,}<extra></extra>"))
+    values = [r[y] for r in rows]
+    low, high = min(values), max(values)
+    pad = 0.15 * (high - low) or 0.05 * abs(high) or 1.0
+    fig.update_layout(title=f"Side by side: {_title(y)} per arm (best first; axis not from zero)",
+                      template=TEMPLATE, barmode="group", xaxis_tickangle=-30, legend_title="budget")
+    fig.update_yaxes(title=_title(y), range=[low - pad, high + pad])
+    return fig
+
+
+def plan_figure(row: dict) -> go.Figure:
+    """The per-layer plan of one trial: MLP width by layer (bars coloured by
+    mixer) above a strip of its layers, with its loops and memory drawn on it."""
+    spec = row["spec"]
+    # stored specs carry every field; LayerSpec's defaults fill a hand-written one
+    layers = [{"mixer": "attention", "mlp_width": 0, **layer} for layer in spec["layers"]]
+    mixers = sorted({layer["mixer"] for layer in layers})
+    colours = {m: PALETTE[i % len(PALETTE)] for i, m in enumerate(mixers)}
+    numbers = list(range(1, len(layers) + 1))
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.78, 0.22], vertical_spacing=0.06)
+    for mixer in mixers:
+        at = [i for i, layer in enumerate(layers) if layer["mixer"] == mixer]
+        fig.add_trace(go.Bar(x=[numbers[i] for i in at], y=[layers[i]["mlp_width"] for i in at], name=text(mixer),
+                             marker_color=colours[mixer], legendgroup=text(mixer),
+                             hovertemplate=f"layer %{{x}}: {text(mixer)}<br>MLP width %{{y}}<extra></extra>"),
+                      row=1, col=1)
+        fig.add_trace(go.Bar(x=[numbers[i] for i in at], y=[1] * len(at), marker_color=colours[mixer],
+                             text=[text(mixer)] * len(at), textposition="inside", showlegend=False,
+                             legendgroup=text(mixer), hovertemplate=f"layer %{{x}}: {text(mixer)}<extra></extra>"),
+                      row=2, col=1)
+    options, structure = spec.get("options") or {}, spec.get("structure", "stack")
+    loops = options.get("loops") or options.get("steps")
+    notes = [f"structure {text(structure)}"]
+    if loops:
+        notes.append(f"layers 1-{len(layers)} run {int(loops)} times")
+        fig.add_shape(type="rect", x0=0.5, x1=len(layers) + 0.5, y0=-0.15, y1=1.15, row=2, col=1,
+                      line=dict(color="black", dash="dash"), fillcolor="rgba(0,0,0,0)")
+    if "placement" in options:
+        at = int(options["placement"])
+        fig.add_vline(x=at + 0.5, line=dict(color="crimson", width=3), row=2, col=1)
+        notes.append(f"memory after layer {at} ({text(options.get('slots', '?'))} slots)")
+    fig.update_yaxes(title="MLP width", row=1, col=1)
+    fig.update_yaxes(visible=False, range=[-0.3, 1.3], row=2, col=1)
+    fig.update_xaxes(title="layer", dtick=1, row=2, col=1)
+    fig.update_layout(title=f"Per-layer plan of {text(row['trial_id'])} ({text(row.get('family', ''))}): "
+                            f"{'; '.join(notes)}", template=TEMPLATE, bargap=0.1, legend_title="mixer")
     return fig
 
 
@@ -150,4 +367,4 @@ def _lines(points: list[dict], *, x, label, title: str, x_title: str, y_title: s
 
 def _title(column: str) -> str:
     return {"params": "non-embedding parameters", "val_loss": "validation loss",
-            "flops_per_token": "training FLOPs per token"}.get(column, column)
+            "flops_per_token": "training FLOPs per token"}.get(column, text(column))

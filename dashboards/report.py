@@ -10,11 +10,15 @@ import json
 from datetime import datetime, timezone
 from pathlib import Path
 
-import plotly.io as pio
+import plotly.graph_objects as go
 from archsearch_dashboards.figures import (
+    MAX_CURVE_POINTS,
     comparison_figure,
     curves_figure,
+    group_label,
+    parallel_figure,
     pareto_figure,
+    plan_figure,
     profile_figures,
     scaling_figure,
     varying_axes,
@@ -24,6 +28,8 @@ from archsearch.analysis import pareto_front
 from archsearch.store import Store
 
 DEFAULT_OBJECTIVES = [("val_loss", "min"), ("params", "min")]
+# Learning curves drawn at most (one trace each); beyond it the best of each arm come first.
+MAX_CURVES = 60
 
 
 def completed_rows(store: Store, study: str | None) -> list[dict]:
@@ -33,6 +39,7 @@ def completed_rows(store: Store, study: str | None) -> list[dict]:
             if r["status"] == "completed" and (r["sweep_group"] is None or r["sweep_best"])]
     for row in rows:
         row["axes"] = json.loads(row["axes"])
+        row["spec"] = json.loads(row["spec"])
     return rows
 
 
@@ -44,17 +51,54 @@ def profile_rows(store: Store, trial_ids: set[str]) -> list[dict]:
     return rows
 
 
+def curve_trials(rows: list[dict], limit: int = MAX_CURVES) -> list[str]:
+    """The trials whose learning curves are drawn: every one up to ``limit``,
+    else the best of each arm first, then the next best overall."""
+    if len(rows) <= limit:
+        return [r["trial_id"] for r in rows]
+    axes = varying_axes(rows)
+    ranked = sorted(rows, key=lambda r: r["val_loss"])
+    best: dict[str, str] = {}
+    for row in ranked:
+        best.setdefault(group_label(row, axes), row["trial_id"])
+    chosen = list(best.values())[:limit]
+    rest = [r["trial_id"] for r in ranked if r["trial_id"] not in set(chosen)]
+    return chosen + rest[:limit - len(chosen)]
+
+
+def curve_metrics(store: Store, trial_ids: list[str], points: int = MAX_CURVE_POINTS) -> list[dict]:
+    """The metric rows of ``trial_ids``, thinned in the store to about ``points``
+    per trial (first and last kept), so a study of millions of points loads quickly."""
+    if not trial_ids:
+        return []
+    return store.sql(
+        "SELECT trial_id, step, tokens, val_loss FROM (SELECT trial_id, step, tokens, val_loss, "
+        "row_number() OVER w AS i, count(*) OVER (PARTITION BY trial_id) AS n FROM metrics "
+        "WHERE trial_id IN (SELECT unnest(?::VARCHAR[])) WINDOW w AS (PARTITION BY trial_id ORDER BY step)) "
+        "WHERE n <= ? OR i = 1 OR i = n OR (i - 1) % ceil(n / ?)::BIGINT = 0 ORDER BY trial_id, step",
+        [trial_ids, points, points]).to_pylist()
+
+
+def views(rows: list[dict], metrics: list[dict]) -> dict[str, go.Figure]:
+    """Every view of the report and the app, by name; the plan is the best trial's."""
+    best = min(rows, key=lambda r: r["val_loss"])
+    return {"scaling": scaling_figure(rows), "comparison": comparison_figure(rows),
+            "pareto": pareto_figure(rows, objectives=DEFAULT_OBJECTIVES), "parallel": parallel_figure(rows),
+            "curves": curves_figure(rows, metrics), "plan": plan_figure(best)}
+
+
 def write_report(store: Store, path: str | Path, *, study: str | None = None) -> Path:
     """Write the report of ``study`` (all studies if None) to ``path``; returns it."""
     rows = completed_rows(store, study)
     if not rows:
         raise ValueError(f"no completed trials{f' in study {study}' if study else ''} to report")
-    metrics = store.metrics(study).to_pylist()
-    figures = [scaling_figure(rows), comparison_figure(rows), pareto_figure(rows, objectives=DEFAULT_OBJECTIVES),
-               curves_figure(rows, metrics)]
-    figures += profile_figures(profile_rows(store, {r["trial_id"] for r in rows}))
-    parts = [pio.to_html(fig, full_html=False, include_plotlyjs=(i == 0), default_height="520px")
-             for i, fig in enumerate(figures)]
+    metrics = curve_metrics(store, curve_trials(rows))
+    from plotly.offline import get_plotlyjs
+
+    parts = [f"<script>{get_plotlyjs()}</script>"]
+    parts += [_figure_html(name, fig) for name, fig in views(rows, metrics).items()]
+    parts += [_figure_html(f"profile-{i}", fig)
+              for i, fig in enumerate(profile_figures(profile_rows(store, {r["trial_id"] for r in rows})))]
     title = f"archsearch report: {study or 'all studies'}"
     page = _PAGE.format(title=html.escape(title), when=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                         count=len(rows), figures="\n".join(f"<section>{p}</section>" for p in parts),
@@ -65,13 +109,27 @@ def write_report(store: Store, path: str | Path, *, study: str | None = None) ->
     return path
 
 
+def _figure_html(name: str, fig: go.Figure) -> str:
+    """One interactive figure as a div and the script that draws it.
+
+    The figure's JSON sits inside a <script> element, where a ``</script>``
+    in any string would end it early; ``<``, ``>`` and ``&`` are written as
+    JSON escapes, which mean the same characters to the script (plotly's
+    encoder escapes the first two today; this does not depend on it).
+    """
+    spec = fig.to_json().replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    return (f'<div id="view-{name}" class="plotly-graph-div" style="height:520px; width:100%;"></div>\n'
+            f'<script>(function () {{ const fig = {spec};\n'
+            f'Plotly.newPlot("view-{name}", fig.data, fig.layout, {{responsive: true}}); }})();</script>')
+
+
 def _table(rows: list[dict]) -> str:
     axes = varying_axes(rows) or list(rows[0]["axes"])
     front = {r["trial_id"] for r in pareto_front(rows, DEFAULT_OBJECTIVES)}
     head = ["trial", *axes, "params", "match error", "d_model", "MLP widths", "val loss", "tokens/s", "front"]
     lines = ["<tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>"]
     for r in sorted(rows, key=lambda r: r["val_loss"]):
-        widths = [layer["mlp_width"] for layer in json.loads(r["spec"])["layers"]]
+        widths = [layer["mlp_width"] for layer in r["spec"]["layers"]]
         cells = [r["trial_id"], *(r["axes"].get(a) for a in axes), f"{r['params']:,}",
                  f"{r['match_error']:+.2%}", r["d_model"], widths, f"{r['val_loss']:.4f}",
                  f"{r['tokens_per_s']:,.0f}", "yes" if r["trial_id"] in front else ""]

@@ -59,7 +59,7 @@ def test_running_again_trains_nothing(finished):
 
 
 def test_report_is_self_contained_html(finished, tmp_path):
-    """The report of a real run: four figures and plotly.js inline (nothing
+    """The report of a real run: its six views and plotly.js inline (nothing
     fetched), one table row per completed trial, best first, with the store's
     params and losses, and "yes" on exactly the trials a hand computation puts
     on the (val_loss, params) front. tests/test_report.py adds the sweep-best
@@ -72,7 +72,7 @@ def test_report_is_self_contained_html(finished, tmp_path):
         path = write_report(db, tmp_path / "r.html", study=study.name)
         rows = [r for r in db.trials(study.name).to_pylist() if r["status"] == "completed"]
     page = path.read_text()
-    assert page.count('class="plotly-graph-div"') == 4
+    assert page.count('class="plotly-graph-div"') == 6  # report.views
     assert not re.search(r"<script[^>]+src=\"http", page)  # nothing fetched from the network
     for shape in ("uniform", "cosine", "reverse"):
         assert f"taper.shape={shape}" in page

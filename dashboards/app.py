@@ -1,0 +1,128 @@
+"""The live dashboard: a Dash app over a store that redraws as trials finish.
+
+Every few seconds (``REFRESH_MS``) the page polls the store (each read opens
+DuckDB briefly, so a running study keeps writing) and redraws the report's
+views (``report.views``) for the chosen study, families and axis values.
+The callbacks' work lives in plain functions (``load``, ``filter_rows``,
+``refresh``) that tests call without a browser. Dash is imported only here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import plotly.graph_objects as go
+from archsearch_dashboards.figures import TEMPLATE, group_label, plan_figure, varying_axes
+from archsearch_dashboards.report import completed_rows, curve_metrics, curve_trials, views
+
+import archsearch as A
+
+REFRESH_MS = 5_000
+VIEWS = ("scaling", "comparison", "pareto", "parallel", "curves", "plan")
+
+
+def load(store: str | Path, study: str | None) -> tuple[list[dict], list[str]]:
+    """Completed trials of ``study`` (None: all), and every study's name."""
+    with A.open_store(store, read_only=True) as db:
+        return completed_rows(db, study), db.studies().column("name").to_pylist()
+
+
+def load_curves(store: str | Path, rows: list[dict]) -> list[dict]:
+    """Thinned metric rows of the trials whose curves are drawn (see ``report.curve_trials``)."""
+    with A.open_store(store, read_only=True) as db:
+        return curve_metrics(db, curve_trials(rows))
+
+
+def axis_names(rows: list[dict]) -> list[str]:
+    """The axes a filter can choose from: those that vary, else every axis."""
+    return varying_axes(rows) or sorted({a for r in rows for a in r["axes"]})
+
+
+def axis_values(rows: list[dict], axis: str | None) -> list[str]:
+    """The values ``axis`` takes among ``rows``, as text (trials without it are left out)."""
+    if not axis:
+        return []
+    return sorted({str(r["axes"][axis]) for r in rows if r["axes"].get(axis) is not None})
+
+
+def filter_rows(rows: list[dict], *, families: list[str] | None = None, axis: str | None = None,
+                values: list[str] | None = None) -> list[dict]:
+    """The rows of the chosen ``families`` (all when empty) whose ``axis`` is one of ``values`` (any when empty)."""
+    if families:
+        rows = [r for r in rows if r["family"] in families]
+    if axis and values:
+        rows = [r for r in rows if str(r["axes"].get(axis)) in values]
+    return rows
+
+
+def empty_figure(message: str) -> go.Figure:
+    fig = go.Figure()
+    fig.add_annotation(text=message, showarrow=False, font=dict(size=16), xref="paper", yref="paper", x=0.5, y=0.5)
+    fig.update_layout(template=TEMPLATE, xaxis_visible=False, yaxis_visible=False)
+    return fig
+
+
+def refresh(store: str | Path, *, study: str | None = None, families: list[str] | None = None,
+            axis: str | None = None, values: list[str] | None = None, trial: str | None = None) -> dict:
+    """Everything one redraw shows: the figures by view name, a summary line,
+    and the options of each filter (families, axes, values, trials)."""
+    everything, studies = load(store, study)
+    rows = filter_rows(everything, families=families, axis=axis, values=values)
+    axes = varying_axes(rows)
+    out = {"studies": studies, "families": sorted({r["family"] for r in everything}),
+           "axes": axis_names(everything), "values": axis_values(everything, axis),
+           "trials": [{"label": f"{r['trial_id']} ({group_label(r, axes)})", "value": r["trial_id"]}
+                      for r in sorted(rows, key=lambda r: r["val_loss"])]}
+    if not rows:
+        what = "no completed trials yet" if not everything else "no trials match the filters"
+        out.update(summary=what, figures={name: empty_figure(what) for name in VIEWS})
+        return out
+    figures = views(rows, load_curves(store, rows))
+    chosen = next((r for r in rows if r["trial_id"] == trial), None)
+    if chosen is not None:
+        figures["plan"] = plan_figure(chosen)
+    out.update(figures=figures, summary=f"{len(rows)} of {len(everything)} completed trials shown "
+                                        f"({study or 'all studies'})")
+    return out
+
+
+def create_app(store: str | Path):
+    """The Dash app over ``store``."""
+    import dash
+    from dash import Input, Output, dcc, html
+
+    app = dash.Dash(__name__, title="archsearch dashboard")
+
+    def dropdown(id_: str, label: str, multi: bool = False):
+        return html.Label([label, dcc.Dropdown(id=id_, multi=multi, options=[], placeholder="all")],
+                          style={"flex": "1", "minWidth": "180px"})
+
+    app.layout = html.Div([
+        html.H1("archsearch dashboard", style={"fontSize": "1.6rem"}),
+        html.P(id="summary"),
+        html.Div([dropdown("study", "study"), dropdown("families", "family", multi=True),
+                  dropdown("axis", "axis"), dropdown("values", "axis value", multi=True),
+                  dropdown("trial", "trial (plan)")],
+                 style={"display": "flex", "gap": "1rem", "flexWrap": "wrap"}),
+        *[dcc.Graph(id=f"view-{name}", style={"height": "520px"}) for name in VIEWS],
+        dcc.Interval(id="tick", interval=REFRESH_MS),
+    ], style={"fontFamily": "system-ui, sans-serif", "maxWidth": "1200px", "margin": "1rem auto"})
+
+    outputs = [Output("summary", "children"), Output("study", "options"), Output("families", "options"),
+               Output("axis", "options"), Output("values", "options"), Output("trial", "options"),
+               *[Output(f"view-{name}", "figure") for name in VIEWS]]
+    inputs = [Input("tick", "n_intervals"), Input("study", "value"), Input("families", "value"),
+              Input("axis", "value"), Input("values", "value"), Input("trial", "value")]
+
+    @app.callback(outputs, inputs)
+    def redraw(_tick, study, families, axis, values, trial):
+        view = refresh(store, study=study, families=families, axis=axis, values=values, trial=trial)
+        return (view["summary"], view["studies"], view["families"], view["axes"], view["values"], view["trials"],
+                *[view["figures"][name] for name in VIEWS])
+
+    return app
+
+
+def serve(store: str | Path, *, host: str = "127.0.0.1", port: int = 8050) -> None:
+    """Serve the dashboard until interrupted (loopback only unless ``host`` says otherwise)."""
+    create_app(store).run(host=host, port=port, debug=False)
