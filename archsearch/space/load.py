@@ -260,7 +260,13 @@ def _translate(err: ValidationError, model: type[BaseModel], data: dict, origin:
 def _type_hint(kind: str, value: Any) -> str:
     """What to write instead: numbers and booleans are never converted from text (or each other)."""
     if isinstance(value, str):
-        return "write true or false without quotes" if kind == "bool_type" else "write the number without quotes"
+        if kind == "bool_type":
+            return "write true or false without quotes" if value.lower() in ("true", "false") else "write true or false"
+        try:
+            float(value.replace("_", ""))
+        except ValueError:
+            return "give a number"
+        return "write the number without quotes"
     if kind != "bool_type" and isinstance(value, float):
         return f"write a whole number such as {int(value)}" if value.is_integer() else "write a whole number"
     if kind == "bool_type":
