@@ -186,9 +186,7 @@ def scaling_figure(rows: list[dict], *, x: str = "params", y: str = "val_loss", 
 
 def _add_fit(fig: go.Figure, fit, *, name: str, colour: str, legend: bool) -> None:
     """A fitted law's line and confidence band, in ``colour``, grouped with ``name`` in the legend."""
-    low, high = fit.ranges["N"]
-    grid = np.geomspace(low, 2 * high, 30)
-    predictions = [fit.predict(N=float(n)) for n in grid]
+    grid, predictions = _band(fit)
     band = [*[p.loss.high for p in predictions], *[p.loss.low for p in predictions][::-1]]
     alpha = fit.estimates["alpha"]
     fig.add_trace(go.Scatter(x=[*grid, *grid[::-1]], y=band, fill="toself", mode="lines", line=dict(width=0),
@@ -204,6 +202,19 @@ def _add_fit(fig: go.Figure, fit, *, name: str, colour: str, legend: bool) -> No
 # Fits are the slow part of a refresh; the app redraws every few seconds, so
 # each arm's fit is kept for as long as its points stay the same.
 _FIT_CACHE: dict[tuple, object] = {}
+
+
+def _band(fit) -> tuple[np.ndarray, list]:
+    """The grid a fit is drawn on and its predictions there (with their
+    bootstrap intervals), kept as long as the fit is."""
+    if id(fit) not in _BANDS or _BANDS[id(fit)][0] is not fit:
+        low, high = fit.ranges["N"]
+        grid = np.geomspace(low, 2 * high, 30)
+        _BANDS[id(fit)] = (fit, grid, [fit.predict(N=float(n)) for n in grid])
+    return _BANDS[id(fit)][1:]
+
+
+_BANDS: dict[int, tuple] = {}
 
 
 def _fits(groups: dict[str, list[dict]], *, x: str, y: str, bootstrap: int) -> dict[str, object]:

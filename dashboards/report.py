@@ -34,7 +34,7 @@ MAX_CURVES = 60
 # The trials table lists the front and at most this many of each arm's best; a line counts the rest.
 MAX_TABLE_PER_ARM = 20
 # Columns the views never read, left in the store.
-UNREAD = ("recipe", "data", "created_at")
+UNREAD = ("recipe", "data", "created_at", "seed", "train_loss", "val_accuracy", "steps", "tokens", "wall_time_s")
 
 
 def completed_rows(store: Store, study: str | None) -> list[dict]:
