@@ -56,21 +56,24 @@ def test_a_small_study_is_drawn_whole():
 
 def test_a_large_study_keeps_the_front_each_arms_best_and_a_fixed_sample():
     """Fails on the mutations that leave ``keep`` (the front) or each arm's best
-    out of ``sample_rows``, or that sample by the rows' order instead of the hash."""
+    out of ``sample_rows``, or that sample the first trials instead of by the hash."""
     rows = generated(3000)
     front = on_front_by_hand(rows)
     chosen = sample_rows(rows, limit=300, keep=front)
     assert len(chosen) == 300 and front <= _ids(chosen)
     axes = varying_axes(rows)
+    bests = set()
     for label in {group_label(r, axes) for r in rows}:
         best = min((r for r in rows if group_label(r, axes) == label), key=lambda r: r["val_loss"])
         assert best["trial_id"] in _ids(chosen)
+        bests.add(best["trial_id"])
     assert [r["trial_id"] for r in chosen] == [r["trial_id"] for r in rows if r["trial_id"] in _ids(chosen)]
     shuffled = rows[:]
     random.Random(1).shuffle(shuffled)
     assert _ids(sample_rows(shuffled, limit=300, keep=front)) == _ids(chosen)  # the same on every redraw
-    late = _ids(chosen) - front - {r["trial_id"] for r in rows[-len(rows) // 3:]}
-    assert late, "the sample spreads over the whole study, not its first rows"
+    sampled = _ids(chosen) - front - bests
+    late = sampled & _ids(rows[-len(rows) // 3:])
+    assert len(late) > len(sampled) // 5, "the sample spreads over the whole study, not its first rows"
 
 
 def test_the_scatter_views_draw_a_sample_and_say_so():
