@@ -12,12 +12,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import plotly.graph_objects as go
-from archsearch_dashboards.figures import TEMPLATE, group_label, plan_figure, varying_axes
+from archsearch_dashboards.figures import TEMPLATE, group_labels, plan_figure, varying_axes
 from archsearch_dashboards.report import completed_rows, curve_metrics, curve_trials, views
 
 import archsearch as A
 
 REFRESH_MS = 5_000
+MAX_TRIAL_OPTIONS = 1_000
 VIEWS = ("scaling", "comparison", "pareto", "parallel", "curves", "plan")
 
 
@@ -69,10 +70,12 @@ def refresh(store: str | Path, *, study: str | None = None, families: list[str] 
     everything, studies = load(store, study)
     rows = filter_rows(everything, families=families, axis=axis, values=values)
     axes = varying_axes(rows)
+    # the plan's dropdown offers the best trials only: a browser list of 100,000 would not open
+    ranked = sorted(rows, key=lambda r: r["val_loss"])[:MAX_TRIAL_OPTIONS]
     out = {"studies": studies, "families": sorted({r["family"] for r in everything}),
            "axes": axis_names(everything), "values": axis_values(everything, axis),
-           "trials": [{"label": f"{r['trial_id']} ({group_label(r, axes)})", "value": r["trial_id"]}
-                      for r in sorted(rows, key=lambda r: r["val_loss"])]}
+           "trials": [{"label": f"{r['trial_id']} ({label})", "value": r["trial_id"]}
+                      for r, label in zip(ranked, group_labels(ranked, axes))]}
     if not rows:
         what = "no completed trials yet" if not everything else "no trials match the filters"
         out.update(summary=what, figures={name: empty_figure(what) for name in VIEWS})

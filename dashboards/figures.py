@@ -14,6 +14,8 @@ back into the characters on screen.
 from __future__ import annotations
 
 import html
+import json
+import zlib
 from collections import defaultdict
 
 import numpy as np
@@ -30,6 +32,11 @@ TEMPLATE = "plotly_white"
 MAX_CURVE_POINTS = 200
 # Side-by-side bars: one per budget target up to this many targets, else each arm's best.
 MAX_TARGETS = 8
+# A scatter or parallel-coordinates view draws at most this many trials: past
+# it, the front, each arm's best and a fixed sample of the rest (see ``sample_rows``).
+MAX_POINTS = 2_000
+# An arm's L(N) is fitted (with its bootstrap band) on at most this many of its trials.
+MAX_FIT_POINTS = 200
 
 
 def _palette() -> list[str]:
@@ -58,8 +65,9 @@ def varying_axes(rows: list[dict]) -> list[str]:
     family only) does not count as a value.
     """
     names: dict[str, set] = {}
-    for row in rows:
-        for name, value in row["axes"].items():
+    # rows of one arm often share one decoded dict (``report.completed_rows``): read each once
+    for axes in {id(row["axes"]): row["axes"] for row in rows}.values():
+        for name, value in axes.items():
             if name == "lr" or value is None:
                 continue
             names.setdefault(name, set()).add(repr(value))
@@ -72,18 +80,64 @@ def group_label(row: dict, axes: list[str]) -> str:
     return ", ".join(parts) or str(row.get("family", "all"))
 
 
+def group_labels(rows: list[dict], axes: list[str]) -> list[str]:
+    """``group_label`` of each row, worked out once per distinct axes dict and family."""
+    seen: dict[tuple, str] = {}
+    out = []
+    for row in rows:
+        key = (id(row["axes"]), row.get("family"))
+        if key not in seen:
+            seen[key] = group_label(row, axes)
+        out.append(seen[key])
+    return out
+
+
 def arm_colours(rows: list[dict]) -> dict[str, str]:
     """One colour per arm, in sorted arm order; distinct up to ``len(PALETTE)`` arms."""
     axes = varying_axes(rows)
-    labels = sorted({group_label(r, axes) for r in rows})
+    labels = sorted(set(group_labels(rows, axes)))
     return {label: PALETTE[i % len(PALETTE)] for i, label in enumerate(labels)}
+
+
+def sample_rows(rows: list[dict], limit: int = MAX_POINTS, keep: set[str] = frozenset()) -> list[dict]:
+    """Every row up to ``limit``; past it the rows whose trial is in ``keep``
+    (the front), each arm's best, then a sample of the rest up to ``limit``, in
+    their original order. The sample ranks trials by a hash of their id, so it
+    is the same on every redraw whatever order the rows come in."""
+    if len(rows) <= limit:
+        return rows
+    axes = varying_axes(rows)
+    best: dict[str, dict] = {}
+    for row, label in zip(rows, group_labels(rows, axes)):
+        if label not in best or row["val_loss"] < best[label]["val_loss"]:
+            best[label] = row
+    chosen = {r["trial_id"] for r in rows if r["trial_id"] in keep} | {r["trial_id"] for r in best.values()}
+    rest = sorted((r["trial_id"] for r in rows if r["trial_id"] not in chosen), key=_rank)
+    chosen.update(rest[:max(limit - len(chosen), 0)])
+    return [r for r in rows if r["trial_id"] in chosen]
+
+
+def _rank(trial_id) -> int:
+    return zlib.crc32(str(trial_id).encode())
+
+
+def _drawn(shown: int, total: int, *, front: bool = True) -> str:
+    """The title's note on thinning: empty when every trial is drawn."""
+    if shown >= total:
+        return ""
+    return f" ({shown:,} of {total:,} trials drawn: {'the front, ' if front else ''}each arm's best, a fixed sample)"
+
+
+def decoded(value):
+    """A JSON column as the store holds it (text) or already decoded."""
+    return json.loads(value) if isinstance(value, str) else value
 
 
 def _arms(rows: list[dict]) -> tuple[list[str], dict[str, list[dict]]]:
     axes = varying_axes(rows)
     groups: dict[str, list[dict]] = defaultdict(list)
-    for row in rows:
-        groups[group_label(row, axes)].append(row)
+    for row, label in zip(rows, group_labels(rows, axes)):
+        groups[label].append(row)
     return axes, dict(sorted(groups.items()))
 
 
@@ -104,9 +158,10 @@ def scaling_figure(rows: list[dict], *, x: str = "params", y: str = "val_loss", 
     _, groups = _arms(rows)
     colours = arm_colours(rows)
     fits = _fits(groups, x=x, y=y, bootstrap=bootstrap)
+    shown = {r["trial_id"] for r in sample_rows(rows)}
     fig = go.Figure()
     for label, members in groups.items():
-        members = sorted(members, key=lambda r: r[x])
+        members = sorted((r for r in members if r["trial_id"] in shown), key=lambda r: r[x])
         fig.add_trace(go.Scatter(
             x=[r[x] for r in members], y=[r[y] for r in members], mode="markers", name=text(label),
             legendgroup=text(label), marker=dict(color=colours[label], size=9),
@@ -121,16 +176,17 @@ def scaling_figure(rows: list[dict], *, x: str = "params", y: str = "val_loss", 
         _add_fit(fig, fit, name=f"{text(label)} fit", colour="#555555", legend=True)
     fig.update_xaxes(type="log", title=_title(x))
     fig.update_yaxes(type="log", title=_title(y))
-    fig.update_layout(title=f"Scaling: {_title(y)} vs {_title(x)} (dotted: fitted L(N), band: 95% interval)",
+    sampled = max(len(m) for m in groups.values()) > MAX_FIT_POINTS
+    fitted = f", fitted on {MAX_FIT_POINTS} trials of each larger arm" if sampled else ""
+    fig.update_layout(title=f"Scaling: {_title(y)} vs {_title(x)} (dotted: fitted L(N), band: 95% interval"
+                            f"{fitted}){_drawn(len(shown), len(rows), front=False)}",
                       template=TEMPLATE, legend_title="arm")
     return fig
 
 
 def _add_fit(fig: go.Figure, fit, *, name: str, colour: str, legend: bool) -> None:
     """A fitted law's line and confidence band, in ``colour``, grouped with ``name`` in the legend."""
-    low, high = fit.ranges["N"]
-    grid = np.geomspace(low, 2 * high, 30)
-    predictions = [fit.predict(N=float(n)) for n in grid]
+    grid, predictions = _band(fit)
     band = [*[p.loss.high for p in predictions], *[p.loss.low for p in predictions][::-1]]
     alpha = fit.estimates["alpha"]
     fig.add_trace(go.Scatter(x=[*grid, *grid[::-1]], y=band, fill="toself", mode="lines", line=dict(width=0),
@@ -148,10 +204,26 @@ def _add_fit(fig: go.Figure, fit, *, name: str, colour: str, legend: bool) -> No
 _FIT_CACHE: dict[tuple, object] = {}
 
 
+def _band(fit) -> tuple[np.ndarray, list]:
+    """The grid a fit is drawn on and its predictions there (with their
+    bootstrap intervals), kept as long as the fit is."""
+    if id(fit) not in _BANDS or _BANDS[id(fit)][0] is not fit:
+        low, high = fit.ranges["N"]
+        grid = np.geomspace(low, 2 * high, 30)
+        _BANDS[id(fit)] = (fit, grid, [fit.predict(N=float(n)) for n in grid])
+    return _BANDS[id(fit)][1:]
+
+
+_BANDS: dict[int, tuple] = {}
+
+
 def _fits(groups: dict[str, list[dict]], *, x: str, y: str, bootstrap: int) -> dict[str, object]:
     out = {}
     for label, members in groups.items():
-        points = tuple(sorted((float(r[x]), float(r[y])) for r in members if r.get(y) is not None))
+        members = [r for r in members if r.get(y) is not None]
+        if len(members) > MAX_FIT_POINTS:  # a fixed sample, as in ``sample_rows``
+            members = sorted(members, key=lambda r: _rank(r["trial_id"]))[:MAX_FIT_POINTS]
+        points = tuple(sorted((float(r[x]), float(r[y])) for r in members))
         if len(points) < 4 or len({n for n, _ in points}) < 3:  # L(N) has 3 parameters
             continue
         key = (points, bootstrap)
@@ -174,8 +246,10 @@ def pareto_figure(rows: list[dict], *, objectives: list[tuple[str, str]]) -> go.
     front = pareto(rows, objectives)
     _, groups = _arms(rows)
     colours = arm_colours(rows)
+    shown = {r["trial_id"] for r in sample_rows(rows, keep={r["trial_id"] for r in front.rows})}
     fig = go.Figure()
     for label, members in groups.items():
+        members = [r for r in members if r["trial_id"] in shown]
         fig.add_trace(go.Scatter(
             x=[r[x] for r in members], y=[r[y] for r in members], mode="markers", name=text(label),
             marker=dict(color=colours[label], size=9, line=dict(width=1, color="white")),
@@ -189,14 +263,16 @@ def pareto_figure(rows: list[dict], *, objectives: list[tuple[str, str]]) -> go.
     notes = "; ".join(front.notes)
     subtitle = f"<br><sup>{text(notes)}</sup>" if notes else ""
     fig.update_layout(title=f"Pareto front: {_title(y)} vs {_title(x)} ({len(on_front)} of {len(rows)} "
-                            f"trials){subtitle}", template=TEMPLATE, legend_title="arm")
+                            f"trials){_drawn(len(shown), len(rows))}{subtitle}", template=TEMPLATE, legend_title="arm")
     return fig
 
 
 def parallel_figure(rows: list[dict]) -> go.Figure:
     """Parallel coordinates over the axes that vary, then params and loss;
-    lines coloured by loss. Text axes become numbered ticks with their values as labels."""
+    lines coloured by loss. Text axes become numbered ticks with their values as labels.
+    Past ``MAX_POINTS`` trials, each arm's best and a fixed sample (``sample_rows``)."""
     axes = varying_axes(rows) or [a for a in rows[0]["axes"] if a != "lr"]
+    total, rows = len(rows), sample_rows(rows)
     dimensions = []
     for axis in axes:
         values = [r["axes"].get(axis) for r in rows]
@@ -213,7 +289,8 @@ def parallel_figure(rows: list[dict]) -> go.Figure:
     losses = [r["val_loss"] for r in rows]
     fig = go.Figure(go.Parcoords(dimensions=dimensions, line=dict(
         color=losses, colorscale="Viridis_r", showscale=True, colorbar=dict(title="val_loss"))))
-    fig.update_layout(title="Parallel coordinates over the axes (colour: validation loss)", template=TEMPLATE)
+    fig.update_layout(title=f"Parallel coordinates over the axes (colour: validation loss){_drawn(len(rows), total, front=False)}",
+                      template=TEMPLATE)
     return fig
 
 
@@ -262,8 +339,9 @@ def comparison_figure(rows: list[dict], *, y: str = "val_loss") -> go.Figure:
     """
     axes = varying_axes(rows)
     best_of: dict[str, float] = {}
+    labels_of = dict(zip((r["trial_id"] for r in rows), group_labels(rows, axes)))
     for row in rows:
-        label = group_label(row, axes)
+        label = labels_of[row["trial_id"]]
         best_of[label] = min(best_of.get(label, row[y]), row[y])
     labels = sorted(best_of, key=best_of.get)
     targets = sorted({r["target"] for r in rows})
@@ -273,7 +351,7 @@ def comparison_figure(rows: list[dict], *, y: str = "val_loss") -> go.Figure:
     for i, target in enumerate(targets if ladder else [None]):
         at = {}
         for row in rows if target is None else [r for r in rows if r["target"] == target]:
-            label = group_label(row, axes)
+            label = labels_of[row["trial_id"]]
             if label not in at or row[y] < at[label][y]:
                 at[label] = row
         best = min(r[y] for r in at.values())
@@ -296,7 +374,7 @@ def comparison_figure(rows: list[dict], *, y: str = "val_loss") -> go.Figure:
 def plan_figure(row: dict) -> go.Figure:
     """The per-layer plan of one trial: MLP width by layer (bars coloured by
     mixer) above a strip of its layers, with its loops and memory drawn on it."""
-    spec = row["spec"]
+    spec = decoded(row["spec"])
     # stored specs carry every field; LayerSpec's defaults fill a hand-written one
     layers = [{"mixer": "attention", "mlp_width": 0, **layer} for layer in spec["layers"]]
     mixers = sorted({layer["mixer"] for layer in layers})

@@ -15,7 +15,8 @@ from archsearch_dashboards.figures import (
     MAX_CURVE_POINTS,
     comparison_figure,
     curves_figure,
-    group_label,
+    decoded,
+    group_labels,
     parallel_figure,
     pareto_figure,
     plan_figure,
@@ -30,16 +31,26 @@ from archsearch.store import Store
 DEFAULT_OBJECTIVES = [("val_loss", "min"), ("params", "min")]
 # Learning curves drawn at most (one trace each); beyond it the best of each arm come first.
 MAX_CURVES = 60
+# The trials table lists the front and at most this many of each arm's best; a line counts the rest.
+MAX_TABLE_PER_ARM = 20
+# Columns the views never read, left in the store.
+UNREAD = ("recipe", "data", "created_at", "seed", "train_loss", "val_accuracy", "steps", "tokens", "wall_time_s")
 
 
 def completed_rows(store: Store, study: str | None) -> list[dict]:
     """Completed trials of ``study`` (or all), with ``axes`` decoded; of a
-    learning-rate sweep only each arm's best run."""
-    rows = [r for r in store.trials(study).to_pylist()
+    learning-rate sweep only each arm's best run. ``spec`` stays JSON text
+    until a view needs it (``figures.decoded``): most rows never do."""
+    table = store.trials(study)
+    table = table.drop_columns([c for c in UNREAD if c in table.column_names])
+    rows = [r for r in table.to_pylist()
             if r["status"] == "completed" and (r["sweep_group"] is None or r["sweep_best"])]
+    axes: dict[str, dict] = {}  # arms repeat their axes: decode each text once
     for row in rows:
-        row["axes"] = json.loads(row["axes"])
-        row["spec"] = json.loads(row["spec"])
+        text = row["axes"]
+        if text not in axes:
+            axes[text] = json.loads(text)
+        row["axes"] = axes[text]
     return rows
 
 
@@ -59,8 +70,8 @@ def curve_trials(rows: list[dict], limit: int = MAX_CURVES) -> list[str]:
     axes = varying_axes(rows)
     ranked = sorted(rows, key=lambda r: r["val_loss"])
     best: dict[str, str] = {}
-    for row in ranked:
-        best.setdefault(group_label(row, axes), row["trial_id"])
+    for row, label in zip(ranked, group_labels(ranked, axes)):
+        best.setdefault(label, row["trial_id"])
     chosen = list(best.values())[:limit]
     rest = [r["trial_id"] for r in ranked if r["trial_id"] not in set(chosen)]
     return chosen + rest[:limit - len(chosen)]
@@ -123,18 +134,36 @@ def _figure_html(name: str, fig: go.Figure) -> str:
             f'Plotly.newPlot("view-{name}", fig.data, fig.layout, {{responsive: true}}); }})();</script>')
 
 
+def table_rows(rows: list[dict], front: set[str], per_arm: int = MAX_TABLE_PER_ARM) -> list[dict]:
+    """The rows the trials table lists, best first: those on the front and the
+    ``per_arm`` best of each arm."""
+    axes = varying_axes(rows)
+    taken: dict[str, int] = {}
+    out = []
+    ranked = sorted(rows, key=lambda r: r["val_loss"])
+    for row, label in zip(ranked, group_labels(ranked, axes)):
+        taken[label] = taken.get(label, 0) + 1
+        if taken[label] <= per_arm or row["trial_id"] in front:
+            out.append(row)
+    return out
+
+
 def _table(rows: list[dict]) -> str:
     axes = varying_axes(rows) or list(rows[0]["axes"])
     front = {r["trial_id"] for r in pareto_front(rows, DEFAULT_OBJECTIVES)}
     head = ["trial", *axes, "params", "match error", "d_model", "MLP widths", "val loss", "tokens/s", "front"]
     lines = ["<tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>"]
-    for r in sorted(rows, key=lambda r: r["val_loss"]):
-        widths = [layer["mlp_width"] for layer in r["spec"]["layers"]]
+    listed = table_rows(rows, front)
+    for r in listed:
+        widths = [layer["mlp_width"] for layer in decoded(r["spec"])["layers"]]
         cells = [r["trial_id"], *(r["axes"].get(a) for a in axes), f"{r['params']:,}",
                  f"{r['match_error']:+.2%}", r["d_model"], widths, f"{r['val_loss']:.4f}",
                  f"{r['tokens_per_s']:,.0f}", "yes" if r["trial_id"] in front else ""]
         lines.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
-    return "<table>" + "\n".join(lines) + "</table>"
+    left = len(rows) - len(listed)
+    note = (f'<p class="left-out">{left:,} more trials left out: listed are the front and the {MAX_TABLE_PER_ARM} '
+            f"best of each arm.</p>") if left else ""
+    return "<table>" + "\n".join(lines) + "</table>" + note
 
 
 _PAGE = """<!doctype html>
