@@ -29,15 +29,12 @@ from archsearch.store.runlock import run_alive
 # Bump when a table changes shape; an older store is refused with a clear line.
 SCHEMA_VERSION = 2
 
-# Analyses of trained models (archsearch.inspect), one row per layer or setting
-# and metric. Created on first write too, so stores made before it gain it.
-LAYER_PROFILES = """
+# layer_profiles: analyses of trained models (archsearch inspect), one row per layer or
+# setting and metric.
+SCHEMA = """
 CREATE TABLE IF NOT EXISTS layer_profiles (
     trial_id VARCHAR, analysis VARCHAR, setting JSON, layer INTEGER, metric VARCHAR, value DOUBLE,
     code_version VARCHAR, created_at TIMESTAMPTZ);
-"""
-
-SCHEMA = LAYER_PROFILES + """
 CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR);
 CREATE TABLE IF NOT EXISTS studies (
     name VARCHAR PRIMARY KEY, path VARCHAR, config JSON, code_version VARCHAR,
