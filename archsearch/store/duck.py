@@ -11,12 +11,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from datetime import datetime, timezone
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +21,8 @@ import duckdb
 import pyarrow as pa
 
 from archsearch.errors import StoreError
+from archsearch.store.side import SideTables
+from archsearch.store.values import _finite, _now, code_version
 from archsearch.store.runlock import run_alive
 
 # Bump when a table changes shape; an older store is refused with a clear line.
@@ -74,27 +73,7 @@ TABLES = ("studies", "study_versions", "trials", "study_trials", "metrics", "tri
           "fidelity_ladders", "layer_profiles")
 
 
-@lru_cache(maxsize=1)
-def code_version() -> str:
-    """Package version plus the git commit (and '+dirty') when run from a checkout."""
-    from archsearch import __version__
-
-    root = Path(__file__).resolve().parents[2]
-    try:
-        sha = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True, timeout=5).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=5).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return __version__
-    return f"{__version__}+{sha}{'.dirty' if dirty else ''}" if sha else __version__
-
-
-def _now() -> datetime:
-    return datetime.now(timezone.utc)
-
-
-class Store:
+class Store(SideTables):
     """A DuckDB file of results. Open with ``open_store(path)``.
 
     DuckDB lets one process write a file and no other process read it while
@@ -251,14 +230,6 @@ class Store:
             con.execute("UPDATE trials SET status = 'running', attempts = attempts + ? WHERE trial_id = ?",
                         [int(new_attempt), trial_id])
 
-    def record_rung(self, trial_id: str, rung: int, fraction: float, result: dict, *,
-                    con: duckdb.DuckDBPyConnection | None = None) -> None:
-        """A multi-fidelity trial reached ``rung`` (``fraction`` of its tokens)."""
-        with self._within(con) as con:
-            con.execute("INSERT OR REPLACE INTO trial_rungs VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                        [trial_id, rung, fraction, result["steps"], result["tokens"], _finite(result["val_loss"]),
-                         _finite(result["val_accuracy"]), _now()])
-
     def pause(self, trial_id: str, result: dict, *, con: duckdb.DuckDBPyConnection | None = None) -> str:
         """A trial stopped at a rung, waiting for promotion: its results and
         curve so far are kept; it is not completed (``diverged`` if its loss
@@ -324,68 +295,7 @@ class Store:
             con.execute("UPDATE trials SET status = ?, error = ?, finished_at = ? WHERE trial_id = ?",
                         [status, error, _now(), trial_id])
 
-    def record_proposals(self, study: str, records: list[dict], *,
-                         con: duckdb.DuckDBPyConnection | None = None) -> None:
-        """A sampled search's finished proposals: the point, its trials and the
-        objective values the sampler was told (None for a failed proposal)."""
-        if not records:
-            return
-        now = _now()
-        with self._within(con) as con:
-            con.executemany(
-                "INSERT OR REPLACE INTO search_proposals VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                [[study, r["number"], json.dumps(r["point"], default=str), json.dumps(r["trial_ids"]),
-                  json.dumps(r["objectives"]), json.dumps(r["values"]), r["state"], now] for r in records])
-
-    def record_ladder(self, study: str, ladder: dict, *, con: duckdb.DuckDBPyConnection | None = None) -> None:
-        """The rank correlation between a study's probe and its own data."""
-        with self._within(con) as con:
-            con.execute("INSERT OR REPLACE INTO fidelity_ladders VALUES (?, ?, ?, ?, ?, ?)",
-                        [study, ladder["points"], ladder["spearman"], ladder["low"], ladder["high"], _now()])
-
-    def record_profile(self, trial_id: str, analysis: str, rows: list[dict], *,
-                       con: duckdb.DuckDBPyConnection | None = None) -> None:
-        """An analysis of a trained trial: rows of ``setting`` (a dict), ``layer``
-        (None for the whole model), ``metric`` and ``value``. Rows already stored
-        for the same trial, analysis and setting are replaced."""
-        now = _now()
-        blobs = [json.dumps(row.get("setting") or {}, sort_keys=True) for row in rows]
-        with self._within(con) as con:
-            for blob in set(blobs):
-                con.execute("DELETE FROM layer_profiles WHERE trial_id = ? AND analysis = ? "
-                            "AND setting::VARCHAR = ?", [trial_id, analysis, blob])
-            if rows:
-                con.executemany("INSERT INTO layer_profiles VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                                [[trial_id, analysis, blob, row.get("layer"), row["metric"], float(row["value"]),
-                                  code_version(), now] for row, blob in zip(rows, blobs)])
-
-    def record_kernel_preflight(self, study: str, failures: dict[str, str], *,
-                                con: duckdb.DuckDBPyConnection | None = None) -> None:
-        """The kernels a study's preflight found broken on its device, {op: why}; those ops ran
-        their PyTorch path. Kept in meta (no new table)."""
-        with self._within(con) as con:
-            con.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", [f"kernel_preflight:{study}", json.dumps(failures)])
-
     # reading
-
-    def kernel_preflight(self, study: str) -> dict[str, str]:
-        """The last preflight's failures for ``study`` ({} when all passed or none ran)."""
-        rows = self.sql("SELECT value FROM meta WHERE key = ?", [f"kernel_preflight:{study}"]).to_pylist()
-        return json.loads(rows[0]["value"]) if rows else {}
-
-    def layer_profiles(self, trial_id: str | None = None, analysis: str | None = None) -> pa.Table:
-        """Stored analyses of trained trials (``record_profile`` rows), optionally of one trial or analysis."""
-        given = {"trial_id": trial_id, "analysis": analysis}
-        where = " AND ".join(f"{name} = ?" for name, value in given.items() if value is not None) or "TRUE"
-        return self.sql(f"SELECT * FROM layer_profiles WHERE {where} "
-                        "ORDER BY trial_id, analysis, setting::VARCHAR, layer NULLS FIRST, metric",
-                        [value for value in given.values() if value is not None])
-
-    def ladders(self, study: str | None = None) -> pa.Table:
-        """Each study's probe-to-data rank correlation (fidelity ladders only)."""
-        if study is None:
-            return self.sql("SELECT * FROM fidelity_ladders ORDER BY study")
-        return self.sql("SELECT * FROM fidelity_ladders WHERE study = ?", [study])
 
     def trial_rows(self) -> dict[str, dict]:
         """Every trial's plan and result columns by trial id (for searches
@@ -393,17 +303,6 @@ class Store:
         table = self.sql("SELECT trial_id, status, params, flops_per_token, state, val_loss, val_accuracy, "
                          "tokens, tokens_per_s FROM trials")
         return {row["trial_id"]: row for row in table.to_pylist()}
-
-    def rung_rows(self) -> dict[str, dict[int, dict]]:
-        """Every multi-fidelity trial's rungs reached: trial id -> rung -> row."""
-        out: dict[str, dict[int, dict]] = {}
-        for row in self.sql("SELECT * FROM trial_rungs ORDER BY trial_id, rung").to_pylist():
-            out.setdefault(row["trial_id"], {})[row["rung"]] = row
-        return out
-
-    def proposals(self, study: str) -> pa.Table:
-        """A sampled search's proposals, in the order they were asked."""
-        return self.sql("SELECT * FROM search_proposals WHERE study = ? ORDER BY number", [study])
 
     def completed_ids(self) -> set[str]:
         return {row["trial_id"] for row in self.sql(
@@ -461,11 +360,6 @@ class Store:
                 con.execute(f"COPY {table} TO '{quoted}' (FORMAT parquet)")
                 out.append(path)
         return out
-
-
-def _finite(value: float | None) -> float | None:
-    """NaN and infinities are stored as NULL: JSON has no spelling for them."""
-    return value if value is None or math.isfinite(value) else None
 
 
 def divergence(result: dict) -> str | None:
