@@ -1,11 +1,15 @@
 """Training tokens/s of Mamba and Gated DeltaNet against Transformer++, as ratios from one run.
 
-    python benchmarks/bench_train.py [--d-model 128] [--layers 4] [--batch 8] [--seq-len 256]
+    python benchmarks/bench_train.py [--d-model 128] [--layers 4] [--batch 8] [--seq-len 256] [--match params|width]
 
 Builds each family as the planner does (``spec_maker``, uniform MLP widths of
-8/3 d where the family has an MLP), then times AdamW training steps of the
-three in interleaved rounds, so a noisy machine slows all three alike; prints
-the median tokens/s of each and its ratio to the transformer's.
+8/3 d where the family has an MLP). With ``--match params`` (the default) the
+transformer sits at ``--d-model`` and the budget solver widens Mamba and Gated
+DeltaNet to the transformer's non-embedding parameter count within 2%, as a
+``match: params`` study would; ``--match width`` keeps every family at
+``--d-model``. Then it times AdamW training steps of the three in interleaved
+rounds, so a noisy machine slows all three alike, and prints the median
+tokens/s of each and its ratio to the transformer's.
 """
 
 from __future__ import annotations
@@ -26,23 +30,35 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3, help="timed steps per model per round")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--match", choices=("params", "width"), default="params",
+                        help="equal non-embedding parameters (solved widths) or equal d_model")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
     from archsearch.arch.families import spec_maker
     from archsearch.arch.model import build_model
     from archsearch.budget import count_params
+    from archsearch.budget.solve import solve
     from archsearch.space.schema import ModelOptions
 
     families = ("transformer", "mamba", "gdn")
     vocab = 256
+    options = ModelOptions()
+    makers = {family: spec_maker({"family": family, "num_layers": args.layers}, options, vocab_size=vocab)
+              for family in families}
+    width = args.layers * (round(options.mlp_ratio * args.d_model) // options.multiple_of * options.multiple_of)
+    target = count_params(makers["transformer"](args.d_model, width))
     models, optimizers = {}, {}
     for family in families:
-        make = spec_maker({"family": family, "num_layers": args.layers}, ModelOptions(), vocab_size=vocab)
-        spec = make(args.d_model, args.layers * (8 * args.d_model // 3 // 8 * 8))
+        if args.match == "width" or family == "transformer":
+            spec = makers[family](args.d_model, width)
+        else:
+            spec = solve(target=target, make_spec=makers[family], measure=count_params, num_layers=args.layers,
+                         head_dim=options.head_dim, mlp_ratio=options.mlp_ratio,
+                         multiple_of=options.multiple_of, tolerance=0.02).spec
         models[family] = build_model(spec)
         optimizers[family] = torch.optim.AdamW(models[family].parameters(), lr=1e-3)
-        print(f"{family:<12} {count_params(spec):>9,} non-embedding params")
+        print(f"{family:<12} d_model {spec.d_model:>5}  {count_params(spec):>9,} non-embedding params")
     tokens = torch.randint(0, vocab, (args.batch, args.seq_len + 1), generator=torch.Generator().manual_seed(0))
 
     def step(family: str) -> None:
@@ -62,7 +78,7 @@ def main() -> None:
                 step(family)
             rates[family].append(args.steps * args.batch * args.seq_len / (time.perf_counter() - start))
     base = statistics.median(rates["transformer"])
-    print(f"d {args.d_model}, {args.layers} layers, B {args.batch}, T {args.seq_len}, {args.threads} threads; "
+    print(f"match {args.match}: transformer d {args.d_model}, {args.layers} layers, B {args.batch}, T {args.seq_len}, {args.threads} threads; "
           f"median of {args.rounds} interleaved rounds of {args.steps} steps")
     for family in families:
         rate = statistics.median(rates[family])
