@@ -316,7 +316,7 @@ class Execution(Strict):
 
 SAMPLERS = ("grid", "random", "tpe", "nsga2", "cmaes", "gp")
 OBJECTIVES = ("val_loss", "params", "flops_per_token", "train_flops", "tokens_per_s", "state_bytes",
-              "val_accuracy")
+              "val_accuracy", "gen_gap")
 _OBJECTIVE = r"^(" + "|".join(OBJECTIVES) + r"):(min|max)$"
 
 
