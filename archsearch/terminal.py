@@ -216,8 +216,10 @@ def status_tables(db, *, study: str | None, as_json: bool, wide: bool = False) -
     studies = db.studies().to_pylist()
     trials = db.trials(study).to_pylist()
     ladders = db.ladders(study).to_pylist()
+    checks = db.checks(study)
     if as_json:
-        print(json.dumps({"studies": studies, "trials": trials, "fidelity_ladders": ladders}, indent=2, default=str))
+        print(json.dumps({"studies": studies, "trials": trials, "fidelity_ladders": ladders, "checks": checks},
+                         indent=2, default=str))
         return
     out = console()
     out.print(f"studies in {plain(db.path)}", soft_wrap=True)
@@ -246,6 +248,8 @@ def status_tables(db, *, study: str | None, as_json: bool, wide: bool = False) -
                 out.print(Text.assemble((f"trial {plain(t['trial_id'])} failed: ", "red"), plain(t["error"])))
     for ladder in ladders:
         out.print(plain(_ladder_line(ladder)))
+    for check in checks:
+        out.print(plain(_check_line(check)))
 
 
 def _trials_table(title: str, trials: list[dict], axes: list[str], axis_cells: list[list[str]],
@@ -257,6 +261,16 @@ def _trials_table(title: str, trials: list[dict], axes: list[str], axis_cells: l
                  "wall s": t["wall_time_s"], "attempts": t["attempts"], "error": t["error"]}
         table.add_row(t["trial_id"], *cells_of_axes, *(_fmt(cells[m]) for m in measures))
     return table
+
+
+def _check_line(check: dict) -> str:
+    """A study's check (``checks:`` in the study file) as it last ran."""
+    name = {"causal": "causal-leakage check"}.get(check["check"], f"check {check['check']}")
+    head = f"{name} of {check['study']} ({check['ran_at'].replace('T', ' ')[:19]})"
+    if not check["passed"]:
+        return f"{head}: FAILED: {check['failure']}"
+    lengths = ", ".join(map(str, check["seq_len"]))
+    return f"{head}: passed on {check['architectures']} architectures at {lengths} tokens"
 
 
 def _ladder_line(ladder: dict) -> str:

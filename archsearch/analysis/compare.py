@@ -139,16 +139,22 @@ def _arm_keys(table: pa.Table, by: str | list[str] | None) -> list[str]:
     if axes is None:
         raise ValueError("this table has no axes column: say which columns make an arm with by (--by), "
                          f"from: {', '.join(table.column_names)}")
-    seen: dict[str, set[str]] = {}
-    for row in axes:
-        for name, value in row.items():
-            seen.setdefault(name, set()).add(json.dumps(value, sort_keys=True, default=str))
-    keys = [name for name, vals in seen.items() if len(vals) > 1 or any(name not in row for row in axes)]
+    keys = varying_axes(axes)
     if "target" in table.column_names and len(set(table.column("target").to_pylist())) > 1:
         keys.append("target")
     if not keys:
         raise ValueError("every trial has the same axes: there is one arm, nothing to compare")
     return keys
+
+
+def varying_axes(axes: list[dict]) -> list[str]:
+    """The axis names whose value differs between the rows ``axes`` (or that
+    some row lacks), in first-seen order: what tells one arm from another."""
+    seen: dict[str, set[str]] = {}
+    for row in axes:
+        for name, value in row.items():
+            seen.setdefault(name, set()).add(json.dumps(value, sort_keys=True, default=str))
+    return [name for name, vals in seen.items() if len(vals) > 1 or any(name not in row for row in axes)]
 
 
 def _axes(table: pa.Table) -> list[dict] | None:
