@@ -296,6 +296,9 @@ def compare(baseline: Annotated[str, typer.Option(help="the arm every other is c
             by: Annotated[Optional[str], typer.Option(help="columns or axes that make an arm, comma-separated "
                                                            "(default: every axis that varies; a CSV must say)")]
             = None,
+            within: Annotated[Optional[str], typer.Option(help="compare inside each group of these columns or "
+                                                               "axes, e.g. family: each family's own baseline")]
+            = None,
             metric: Annotated[str, typer.Option(help="the column compared, e.g. val_loss, gen_gap, val_accuracy")]
             = "val_loss",
             seed_col: Annotated[str, typer.Option(help="the column that pairs trials across arms")] = "seed",
@@ -306,8 +309,8 @@ def compare(baseline: Annotated[str, typer.Option(help="the arm every other is c
     (paired by seed where both arms share their seeds, Welch otherwise)."""
     from archsearch import analysis
 
-    result = analysis.compare_arms(_analysis_table(store, study, from_csv), baseline=baseline, by=by, metric=metric,
-                                   seed_col=seed_col, level=level, seed=seed)
+    result = analysis.compare_arms(_analysis_table(store, study, from_csv), baseline=baseline, by=by, within=within,
+                                   metric=metric, seed_col=seed_col, level=level, seed=seed)
     if as_json:
         typer.echo(json.dumps(result.to_dict(), indent=2))
         return

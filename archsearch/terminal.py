@@ -288,17 +288,20 @@ def compare_table(result) -> None:
     where the arm is below the baseline."""
     rows, level = result.differences, result.differences[0].level
     holm = ["p Holm"] if len(rows) > 1 else []
-    columns = ["arm", "n", "difference", f"{level:.0%} interval", "test", "p", "p perm.", *holm, "below"]
-    table = _table(f"{result.metric}: each arm minus {result.baseline}, over seeds", columns, text=("arm", "test"))
+    group = ["group"] if result.within else []
+    columns = [*group, "arm", "n", "difference", f"{level:.0%} interval", "test", "p", "p perm.", *holm, "below"]
+    table = _table(f"{result.metric}: each arm minus {result.baseline}, over seeds", columns,
+                   text=("group", "arm", "test"))
     for d in rows:
         interval = "-" if d.low is None else f"[{d.low:+.4g}, {d.high:+.4g}]"
-        cells = [plain(d.arm), f"{d.n}/{d.n_baseline}", f"{d.difference:+.4g}", interval, d.test, _p(d.p_value),
+        cells = [*([plain(d.group)] if group else []), plain(d.arm), f"{d.n}/{d.n_baseline}", f"{d.difference:+.4g}", interval, d.test, _p(d.p_value),
                  _p(d.p_permutation), *([_p(d.p_holm)] if holm else []),
                  "-" if d.below is None else f"{d.below}/{d.pairs}"]
         table.add_row(*cells)
     out = console()
-    _print(out, table, wide=False, note=f"baseline {plain(result.baseline)}: mean {_fmt(rows[0].mean_baseline)}; "
-                                        "n: trials of the arm/of the baseline")
+    bases = {(d.group, d.baseline): d.mean_baseline for d in rows}
+    means = ", ".join(f"{plain(g + ' ' if g else '')}{plain(b)} {_fmt(m)}" for (g, b), m in bases.items())
+    _print(out, table, wide=False, note=f"baseline mean: {means}; n: trials of the arm/of the baseline")
     for text in result.notes + sorted({f"{d.arm}: {d.note}" for d in rows if d.note}):
         out.print(plain(f"note: {text}"))
 

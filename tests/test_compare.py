@@ -186,3 +186,23 @@ def test_the_cli_table_and_its_errors(tmp_path):
         "compare", "--from-csv", str(csv), "--baseline", "a", "--metric", "loss")
     assert "arm 'b' has 1 result for loss; a test over seeds needs at least 2" in one_line_error(
         "compare", "--from-csv", str(csv), "--baseline", "a", "--metric", "loss", "--by", "arm")
+
+
+def test_within_compares_each_group_with_its_own_baseline():
+    """Taper against uniform per family: cosine is 0.1 below uniform in the
+    transformer and level with it in titans; titans sits 0.5 above throughout."""
+    rng = np.random.default_rng(7)
+    rows = []
+    for s in SEEDS:
+        offset = rng.normal(0, 0.2)
+        for family, base, gain in (("transformer", 3.0, -0.1), ("titans", 3.5, 0.0)):
+            for shape, shift in (("uniform", 0.0), ("cosine", gain)):
+                rows.append(dict(axes={"family": family, "taper.shape": shape}, seed=s,
+                                 val_loss=base + shift + offset + rng.normal(0, 0.005)))
+    result = analysis.compare_arms(rows, baseline="uniform", within="family")
+    assert result.by == ["taper.shape"] and result.baseline == "uniform"
+    transformer, titans = result.get("cosine", "transformer"), result.get("cosine", "titans")
+    assert transformer.difference == pytest.approx(-0.1, abs=0.01) and transformer.p_value < 0.001
+    assert abs(titans.difference) < 0.01 and titans.p_value > 0.05
+    with pytest.raises(ValueError, match="no arm of titans matches baseline 'reverse'"):
+        analysis.compare_arms(rows, baseline="reverse", within="family")

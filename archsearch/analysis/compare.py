@@ -16,11 +16,14 @@ baseline, so a negative difference of a loss means the arm is better.
 
 The interval is the t interval of the mean difference at ``level``. With
 several arms against one baseline, ``p_holm`` is Holm's step-down adjustment
-of the t-tests' p-values over the arms (family-wise error at most the level).
+of the t-tests' p-values over all the comparisons (family-wise error at most
+1 - level).
 
 An arm is what names a trial but its seed: by default every axis whose value
 differs between the trials (and the budget target when there are several);
-``by`` names the columns or axes instead, pooling the rest.
+``by`` names the columns or axes instead, pooling the rest. ``within`` (e.g.
+``family``) compares each arm with the baseline of its own group: taper
+schedules against each family's uniform MLPs.
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ class Difference:
     pairs: int | None = None
     below: int | None = None
     note: str | None = None
+    group: str | None = None  # the ``within`` group the arm and its baseline belong to
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -81,26 +85,31 @@ class Comparison:
     by: list[str]
     differences: list[Difference]
     notes: list[str] = field(default_factory=list)
+    within: list[str] = field(default_factory=list)
 
-    def get(self, arm: str) -> Difference:
-        """The comparison of the arm labelled ``arm``."""
+    def get(self, arm: str, group: str | None = None) -> Difference:
+        """The comparison of the arm labelled ``arm`` (in ``group``, with ``within``)."""
         for row in self.differences:
-            if row.arm == arm:
+            if row.arm == arm and row.group == group:
                 return row
-        raise KeyError(f"no arm '{arm}'; have: {', '.join(d.arm for d in self.differences)}")
+        raise KeyError(f"no arm '{arm}'{f' in {group}' if group else ''}; have: "
+                       f"{', '.join(d.arm for d in self.differences)}")
 
     def to_dict(self) -> dict:
-        return {"metric": self.metric, "baseline": self.baseline, "by": self.by, "notes": self.notes,
-                "differences": [d.to_dict() for d in self.differences]}
+        return {"metric": self.metric, "baseline": self.baseline, "by": self.by, "within": self.within,
+                "notes": self.notes, "differences": [d.to_dict() for d in self.differences]}
 
 
-def compare_arms(data: Any, *, baseline: str, by: str | list[str] | None = None, metric: str = "val_loss",
-                 seed_col: str = "seed", level: float = 0.95, seed: int = 0) -> Comparison:
+def compare_arms(data: Any, *, baseline: str, by: str | list[str] | None = None,
+                 within: str | list[str] | None = None, metric: str = "val_loss", seed_col: str = "seed",
+                 level: float = 0.95, seed: int = 0) -> Comparison:
     """Compare every arm of ``data`` (a trials table, DataFrame, rows or columns)
     with the ``baseline`` arm on ``metric``.
 
     ``by``: columns or axes (a list or comma-separated) whose values make an
-    arm; default every axis that varies. ``baseline`` selects one arm by its
+    arm; default every axis that varies. ``within``: columns or axes that
+    split the rows into groups (e.g. ``family``), each arm compared with the
+    baseline of its own group. ``baseline`` selects one arm (per group) by its
     label, or by values (``transformer``) or ``name=value`` pairs separated by
     commas that only it has. ``seed``: of the sampled permutations. Rows whose
     metric is missing or not finite are left out. Raises a one-line ValueError
@@ -111,27 +120,40 @@ def compare_arms(data: Any, *, baseline: str, by: str | list[str] | None = None,
     table = as_table(data)
     values = numeric_column(table, metric, what="metric column")
     seeds = numeric_column(table, seed_col, what="seed column")
-    keys = _arm_keys(table, by)
+    groups_by = _names(within) if within is not None else []
+    keys = [k for k in _arm_keys(table, by) if k not in groups_by]
+    if not keys:
+        raise ValueError(f"within {', '.join(groups_by)} leaves nothing that tells arms apart; give by (--by)")
     labels = [_label(arm) for arm in _arm_values(table, keys)]
+    groups = [_label(g) if g else "" for g in _arm_values(table, groups_by)] if groups_by else [""] * len(labels)
     kept = np.isfinite(values) & np.isfinite(seeds)
     notes = [f"left out {int((~kept).sum())} rows without a finite {metric}"] if (~kept).any() else []
-    arms: dict[str, tuple[list[float], list[float]]] = {}
-    for label, value, s, ok in zip(labels, values, seeds, kept):
+    arms: dict[str, dict[str, tuple[list[float], list[float]]]] = {}
+    for group, label, value, s, ok in zip(groups, labels, values, seeds, kept):
         if ok:
-            arms.setdefault(label, ([], []))[0].append(float(value))
-            arms[label][1].append(float(s))
-    base = _pick_baseline(baseline, list(arms))
-    out = [_difference(label, base, arms[label], arms[base], metric=metric, level=level, seed=seed)
-           for label in sorted(arms) if label != base]
+            arm = arms.setdefault(group, {}).setdefault(label, ([], []))
+            arm[0].append(float(value))
+            arm[1].append(float(s))
+    out, bases = [], []
+    for group in sorted(arms):
+        base = _pick_baseline(baseline, list(arms[group]), group=group)
+        bases.append(base)
+        out += [_difference(label, base, arms[group][label], arms[group][base], metric=metric, level=level,
+                            seed=seed, group=group or None) for label in sorted(arms[group]) if label != base]
     if not out:
-        raise ValueError(f"only the baseline arm '{base}' has results for {metric}; nothing to compare")
-    return Comparison(metric=metric, baseline=base, by=keys, differences=_with_holm(out), notes=notes)
+        raise ValueError(f"only the baseline arm '{bases[0]}' has results for {metric}; nothing to compare")
+    return Comparison(metric=metric, baseline=bases[0] if len(set(bases)) == 1 else baseline, by=keys,
+                      differences=_with_holm(out), notes=notes, within=groups_by)
+
+
+def _names(text: str | list[str]) -> list[str]:
+    return [k.strip() for k in (text.split(",") if isinstance(text, str) else text) if k.strip()]
 
 
 def _arm_keys(table: pa.Table, by: str | list[str] | None) -> list[str]:
     """The names that make an arm: given, or every axis that varies (and the target when it does)."""
     if by is not None:
-        keys = [k.strip() for k in (by.split(",") if isinstance(by, str) else by) if k.strip()]
+        keys = _names(by)
         for key in keys:  # unknown names fail here, with the columns there are
             _column_or_axis(table, key)
         return keys
@@ -193,7 +215,7 @@ def _text(value: Any) -> str:
     return str(value)
 
 
-def _pick_baseline(text: str, labels: list[str]) -> str:
+def _pick_baseline(text: str, labels: list[str], *, group: str = "") -> str:
     """The one label equal to ``text``, or the one holding every comma-separated term of it."""
     if text in labels:
         return text
@@ -208,14 +230,15 @@ def _pick_baseline(text: str, labels: list[str]) -> str:
     if len(found) == 1:
         return found[0]
     have = "; ".join(sorted(labels)[:12]) + (f"; ... ({len(labels)} arms)" if len(labels) > 12 else "")
+    among = f" of {group}" if group else ""
     if not found:
-        raise ValueError(f"no arm matches baseline '{text}'; the arms are: {have}")
-    raise ValueError(f"baseline '{text}' matches {len(found)} arms ({'; '.join(found[:4])}); add name=value "
-                     "terms separated by commas until one is left")
+        raise ValueError(f"no arm{among} matches baseline '{text}'; the arms{among} are: {have}")
+    raise ValueError(f"baseline '{text}' matches {len(found)} arms{among} ({'; '.join(found[:4])}); add "
+                     "name=value terms separated by commas until one is left")
 
 
 def _difference(label: str, base: str, arm: tuple[list[float], list[float]], ref: tuple[list[float], list[float]],
-                *, metric: str, level: float, seed: int) -> Difference:
+                *, metric: str, level: float, seed: int, group: str | None = None) -> Difference:
     x, x_seeds = np.asarray(arm[0]), arm[1]
     y, y_seeds = np.asarray(ref[0]), ref[1]
     if len(x) < 2 or len(y) < 2:
@@ -223,7 +246,7 @@ def _difference(label: str, base: str, arm: tuple[list[float], list[float]], ref
         raise ValueError(f"arm '{few}' has {min(len(x), len(y))} result for {metric}; a test over seeds needs at "
                          "least 2 per arm (run more seeds)")
     common = dict(arm=label, baseline=base, metric=metric, n=len(x), n_baseline=len(y), mean=float(x.mean()),
-                  mean_baseline=float(y.mean()), level=level)
+                  mean_baseline=float(y.mean()), level=level, group=group)
     paired = len(set(x_seeds)) == len(x_seeds) and sorted(x_seeds) == sorted(y_seeds)
     if paired:
         order_x, order_y = np.argsort(x_seeds), np.argsort(y_seeds)
