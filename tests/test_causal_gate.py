@@ -147,3 +147,19 @@ def test_a_leak_at_one_position_is_found_there(at):
     leak = find_leak(PeekAt(at), vocab_size=10, seq_len=12)
     assert (leak.position, leak.after) == (at, at) and leak.moved >= 1
     assert "after position %d moved its logits at position %d" % (at, at) in leak.describe()
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_causal_study_runs_after_its_check(tmp_path, corpus):
+    study = study_file(tmp_path, corpus)
+    store = tmp_path / "s.duckdb"
+    result = CliRunner().invoke(app, ["run", str(study), "--store", str(store), "--no-progress",
+                                      "--report", str(tmp_path / "r.html")])
+    assert result.exit_code == 0, result.output
+    with A.open_store(store, read_only=True) as db:
+        assert set(db.trials("gate").column("status").to_pylist()) == {"completed"}
+        (check,) = db.checks("gate")
+    assert check["passed"] and check["architectures"] == 2
+    out = CliRunner().invoke(app, ["status", "--store", str(store)]).output
+    assert "causal-leakage check of gate" in out and "passed on 2 architectures" in out

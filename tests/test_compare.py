@@ -131,14 +131,18 @@ def test_holm_adjusts_over_the_arms():
 
 
 def test_arms_default_to_the_axes_that_vary():
+    """The memory's slots (the same in every memory arm, absent from the
+    transformer) name no arm; an axis only some rows have names one where it
+    splits them (a protocol's baseline arm)."""
     rows = []
     for s in SEEDS:
         rows.append(dict(axes={"family": "transformer", "num_layers": 6}, seed=s, val_loss=3.0 + s / 100))
         for aux in ("none", "self"):
-            rows.append(dict(axes={"family": "memory", "num_layers": 6, "memory.aux": aux}, seed=s,
-                             val_loss=2.9 + s / 100))
+            rows.append(dict(axes={"family": "memory", "num_layers": 6, "memory.aux": aux, "memory.slots": 4},
+                             seed=s, val_loss=2.9 + s / 100))
     result = analysis.compare_arms(rows, baseline="transformer")
-    assert result.by == ["family", "memory.aux"]
+    assert result.by == ["family", "memory.aux"] and result.baseline == "family=transformer"
+    assert analysis.varying_axes([{"family": "looped"}, {"family": "looped", "arm": "baseline"}]) == ["arm"]
     assert [d.arm for d in result.differences] == ["family=memory memory.aux=none", "family=memory memory.aux=self"]
     assert analysis.compare_arms(rows, baseline="memory.aux=none").baseline == "family=memory memory.aux=none"
     with pytest.raises(ValueError, match="baseline 'memory' matches 2 arms"):

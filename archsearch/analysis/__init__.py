@@ -16,7 +16,7 @@ pandas or polars DataFrame, a list of row dicts or a dict of columns::
     diff.get("memory").difference, diff.get("memory").p_value
 """
 
-from archsearch.analysis.compare import Comparison, Difference, compare_arms
+from archsearch.analysis.compare import Comparison, Difference, compare_arms, varying_axes
 from archsearch.analysis.fit import LAWS, Estimate, Law, Prediction, ScalingFit, compute_multiplier, fit_law
 from archsearch.analysis.pareto import Front, hypervolume, nondominated, pareto, pareto_front, parse_objectives
 from archsearch.analysis.scaling import Fits, extrapolated_front, fit_scaling
@@ -27,4 +27,5 @@ __all__ = [
     "LAWS", "Comparison", "Difference", "Estimate", "Fits", "Front", "Law", "Prediction", "ScalingFit", "as_table",
     "compare_arms", "completed_trials", "compute_multiplier", "extrapolated_front", "fit_law", "fit_scaling",
     "hypervolume", "matched_values", "nondominated", "pareto", "pareto_front", "parse_objectives", "read_csv",
+    "varying_axes",
 ]

@@ -124,8 +124,9 @@ def compare_arms(data: Any, *, baseline: str, by: str | list[str] | None = None,
     keys = [k for k in _arm_keys(table, by) if k not in groups_by]
     if not keys:
         raise ValueError(f"within {', '.join(groups_by)} leaves nothing that tells arms apart; give by (--by)")
-    labels = [_label(arm) for arm in _arm_values(table, keys)]
-    groups = [_label(g) if g else "" for g in _arm_values(table, groups_by)] if groups_by else [""] * len(labels)
+    labels = [_label(arm, bare=len(keys) == 1) for arm in _arm_values(table, keys)]
+    groups = ([_label(g, bare=len(groups_by) == 1) for g in _arm_values(table, groups_by)] if groups_by
+              else [""] * len(labels))
     kept = np.isfinite(values) & np.isfinite(seeds)
     notes = [f"left out {int((~kept).sum())} rows without a finite {metric}"] if (~kept).any() else []
     arms: dict[str, dict[str, tuple[list[float], list[float]]]] = {}
@@ -170,19 +171,31 @@ def _arm_keys(table: pa.Table, by: str | list[str] | None) -> list[str]:
 
 
 def varying_axes(axes: list[dict]) -> list[str]:
-    """The axis names whose value differs between the rows ``axes`` (or that
-    some row lacks), in first-seen order: what tells one arm from another."""
+    """The axis names that tell the rows ``axes`` apart, in first-seen order:
+    those whose value differs between the rows that have them, then those only
+    some rows have (a memory's slots beside a plain transformer) where they
+    split rows the others do not."""
     seen: dict[str, set[str]] = {}
     for row in axes:
         for name, value in row.items():
             seen.setdefault(name, set()).add(json.dumps(value, sort_keys=True, default=str))
-    return [name for name, vals in seen.items() if len(vals) > 1 or any(name not in row for row in axes)]
+    names = [name for name, values in seen.items() if len(values) > 1]
+
+    def arms(keys: list[str]) -> int:
+        return len({tuple(json.dumps(row.get(k), default=str) for k in keys) for row in axes})
+
+    for name in seen:
+        if name not in names and any(name not in row for row in axes) and arms(names + [name]) > arms(names):
+            names.append(name)
+    return [name for name in seen if name in names]
 
 
 def _axes(table: pa.Table) -> list[dict] | None:
     if "axes" not in table.column_names:
         return None
-    return [json.loads(v) if isinstance(v, str) else (v or {}) for v in table.column("axes").to_pylist()]
+    rows = [json.loads(v) if isinstance(v, str) else (v or {}) for v in table.column("axes").to_pylist()]
+    # rows of dicts become an Arrow struct, every row with every field: a missing axis reads None
+    return [{name: value for name, value in row.items() if value is not None} for row in rows]
 
 
 def _column_or_axis(table: pa.Table, key: str) -> list[Any]:
@@ -202,10 +215,10 @@ def _arm_values(table: pa.Table, keys: list[str]) -> list[list[tuple[str, Any]]]
             for i in range(table.num_rows)]
 
 
-def _label(pairs: list[tuple[str, Any]]) -> str:
-    """``transformer`` for one name, ``family=memory memory.aux=self`` for several."""
-    if len(pairs) == 1:
-        return _text(pairs[0][1])
+def _label(pairs: list[tuple[str, Any]], *, bare: bool) -> str:
+    """``transformer`` (``bare``: arms named by one column), else ``family=memory memory.aux=self``."""
+    if bare:
+        return " ".join(_text(value) for _, value in pairs)
     return " ".join(f"{name}={_text(value)}" for name, value in pairs)
 
 

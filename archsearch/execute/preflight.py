@@ -56,6 +56,7 @@ def preflight_checks(study, db, trials: list | None = None) -> None:
         return
     import torch
 
+    from archsearch.analysis.compare import varying_axes
     from archsearch.data import seq_len_of
     from archsearch.inspect.causal import spec_leak
     from archsearch.planner import plan
@@ -80,7 +81,9 @@ def preflight_checks(study, db, trials: list | None = None) -> None:
         return
     trial, leak = leaks[0]
     more = f" (and {len(leaks) - 1} more of the {len(arms)} arms)" if len(leaks) > 1 else ""
-    line = (f"causal-leakage check failed: arm {_arm(trial, list(arms.values()))} (trial "
+    names = varying_axes([t.axes for t in arms.values()])
+    label = " ".join(f"{name}={trial.axes[name]}" for name in names if name in trial.axes) or trial.spec.family
+    line = (f"causal-leakage check failed: arm {label} (trial "
             f"{trial.trial_id}): {leak.describe()}{more}; no trial was trained")
     db.record_check(study.name, "causal", dict(passed=False, architectures=len(arms), seq_len=sorted(lengths),
                                               leaking=len(leaks), failure=line))
@@ -90,10 +93,3 @@ def preflight_checks(study, db, trials: list | None = None) -> None:
         raise SpecError(line, field="checks", hint=hint)
     raise origin.error(line, loc=("checks",), hint=hint)
 
-
-def _arm(trial, trials: list) -> str:
-    """``family=memory memory.aux=self``: the family, and the axes whose value differs
-    between the trials of that family."""
-    kin = [t.axes for t in trials if t.axes.get("family") == trial.axes.get("family")]
-    names = [n for n in trial.axes if n == "family" or len({json.dumps(a.get(n), default=str) for a in kin}) > 1]
-    return " ".join(f"{name}={trial.axes[name]}" for name in names)
