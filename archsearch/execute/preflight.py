@@ -92,4 +92,3 @@ def preflight_checks(study, db, trials: list | None = None) -> None:
     if origin is None:
         raise SpecError(line, field="checks", hint=hint)
     raise origin.error(line, loc=("checks",), hint=hint)
-
