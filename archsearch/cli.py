@@ -288,6 +288,37 @@ def fit(store: StoreOpt = DEFAULT_STORE, study: StudyOpt = None, from_csv: CsvOp
     fit_tables(out)
 
 
+@app.command()
+@user_errors
+def compare(baseline: Annotated[str, typer.Option(help="the arm every other is compared with: its label, or values "
+                                                       "only it has, e.g. transformer or memory.aux=none,family=memory")],
+            store: StoreOpt = DEFAULT_STORE, study: StudyOpt = None, from_csv: CsvOpt = None,
+            by: Annotated[Optional[str], typer.Option(help="columns or axes that make an arm, comma-separated "
+                                                           "(default: every axis that varies; a CSV must say)")]
+            = None,
+            within: Annotated[Optional[str], typer.Option(help="compare inside each group of these columns or "
+                                                               "axes, e.g. family: each family's own baseline")]
+            = None,
+            metric: Annotated[str, typer.Option(help="the column compared, e.g. val_loss, gen_gap, val_accuracy")]
+            = "val_loss",
+            seed_col: Annotated[str, typer.Option(help="the column that pairs trials across arms")] = "seed",
+            level: LevelOpt = 0.95,
+            seed: Annotated[int, typer.Option(help="seed of sampled permutations (exact up to 13 pairs)")] = 0,
+            as_json: JsonOpt = False):
+    """Each arm against a baseline over seeds: mean difference, interval, t and permutation p-values
+    (paired by seed where both arms share their seeds, Welch otherwise)."""
+    from archsearch import analysis
+
+    result = analysis.compare_arms(_analysis_table(store, study, from_csv), baseline=baseline, by=by, within=within,
+                                   metric=metric, seed_col=seed_col, level=level, seed=seed)
+    if as_json:
+        typer.echo(json.dumps(result.to_dict(), indent=2))
+        return
+    from archsearch.terminal import compare_table
+
+    compare_table(result)
+
+
 def _analysis_table(store: Path, study: Optional[str], from_csv: Optional[Path]):
     """The rows fit and pareto read: a CSV, or the completed trials of a store."""
     from archsearch import analysis

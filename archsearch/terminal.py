@@ -210,14 +210,16 @@ def run_summary(summary, *, store: Path, report: Path) -> None:
 
 def status_tables(db, *, study: str | None, as_json: bool, wide: bool = False) -> None:
     """The studies in a store and their trials: the axes that differ, params,
-    status, val_loss, tokens/s, and each failed trial's error below the
-    table; ``wide`` adds every axis, d_model, steps, tokens, wall time,
+    status, val_loss, the generalisation gap (val_loss - train_loss), tokens/s,
+    and each failed trial's error below the table; ``wide`` adds every axis, d_model, steps, tokens, wall time,
     attempts and the error column."""
     studies = db.studies().to_pylist()
     trials = db.trials(study).to_pylist()
     ladders = db.ladders(study).to_pylist()
+    checks = db.checks(study)
     if as_json:
-        print(json.dumps({"studies": studies, "trials": trials, "fidelity_ladders": ladders}, indent=2, default=str))
+        print(json.dumps({"studies": studies, "trials": trials, "fidelity_ladders": ladders, "checks": checks},
+                         indent=2, default=str))
         return
     out = console()
     out.print(f"studies in {plain(db.path)}", soft_wrap=True)
@@ -229,23 +231,46 @@ def status_tables(db, *, study: str | None, as_json: bool, wide: bool = False) -
     rows = [json.loads(t["axes"]) for t in trials]
     varying, shared = split_axes(rows)
     axes, axis_cells = _axis_cells(rows, _all_names(rows) if wide else varying, wide=wide)
-    measures = ["params", "status", "val_loss", "tokens/s"]
+    measures = ["params", "status", "val_loss", "gap", "tokens/s"]
     if wide:
         measures += ["d_model", "steps", "tokens", "wall s", "attempts", "error"]
-    table = _table(f"trials{f' of {study}' if study else ''}", ["trial", *axes, *measures],
-                   text=("trial", "axes", "status", "error"))
-    for t, cells_of_axes in zip(trials, axis_cells):
-        cells = {"params": t["params"], "status": t["status"], "val_loss": t["val_loss"],
-                 "tokens/s": t["tokens_per_s"], "d_model": t["d_model"], "steps": t["steps"], "tokens": t["tokens"],
-                 "wall s": t["wall_time_s"], "attempts": t["attempts"], "error": t["error"]}
-        table.add_row(t["trial_id"], *cells_of_axes, *(_fmt(cells[m]) for m in measures))
+    table = _trials_table(f"trials{f' of {study}' if study else ''}", trials, axes, axis_cells, measures)
+    natural = out.measure(table, options=out.options.update(max_width=100_000)).maximum
+    narrowed = not wide and natural > out.width  # the gap is the column that gives way
+    if narrowed:
+        table = _trials_table(table.title, trials, axes, axis_cells, [m for m in measures if m != "gap"])
     _print(out, table, wide=wide, note=None if wide else _shared_line(shared))
+    if narrowed:
+        out.print("gap (the generalisation gap, val_loss - train_loss): with --wide or a wider terminal")
     if not wide:
         for t in trials:
             if t["error"] and t["status"] != "pruned":
                 out.print(Text.assemble((f"trial {plain(t['trial_id'])} failed: ", "red"), plain(t["error"])))
     for ladder in ladders:
         out.print(plain(_ladder_line(ladder)))
+    for check in checks:
+        out.print(plain(_check_line(check)))
+
+
+def _trials_table(title: str, trials: list[dict], axes: list[str], axis_cells: list[list[str]],
+                  measures: list[str]) -> Table:
+    table = _table(title, ["trial", *axes, *measures], text=("trial", "axes", "status", "error"))
+    for t, cells_of_axes in zip(trials, axis_cells):
+        cells = {"params": t["params"], "status": t["status"], "val_loss": t["val_loss"], "gap": t["gen_gap"],
+                 "tokens/s": t["tokens_per_s"], "d_model": t["d_model"], "steps": t["steps"], "tokens": t["tokens"],
+                 "wall s": t["wall_time_s"], "attempts": t["attempts"], "error": t["error"]}
+        table.add_row(t["trial_id"], *cells_of_axes, *(_fmt(cells[m]) for m in measures))
+    return table
+
+
+def _check_line(check: dict) -> str:
+    """A study's check (``checks:`` in the study file) as it last ran."""
+    name = {"causal": "causal-leakage check"}.get(check["check"], f"check {check['check']}")
+    head = f"{name} of {check['study']} ({check['ran_at'].replace('T', ' ')[:19]})"
+    if not check["passed"]:
+        return f"{head}: FAILED: {check['failure']}"
+    lengths = ", ".join(map(str, check["seq_len"]))
+    return f"{head}: passed on {check['architectures']} architectures at {lengths} tokens"
 
 
 def _ladder_line(ladder: dict) -> str:
@@ -255,6 +280,34 @@ def _ladder_line(ladder: dict) -> str:
         return f"{head}: too few points for a rank correlation (3 needed)"
     return (f"{head}: Spearman {ladder['spearman']:+.2f}, 95% bootstrap interval "
             f"[{ladder['low']:+.2f}, {ladder['high']:+.2f}]")
+
+
+def compare_table(result) -> None:
+    """``archsearch compare``: one row per arm, its mean difference from the baseline with
+    the interval, the test, its p-values (Holm's with several arms) and, paired, the seeds
+    where the arm is below the baseline."""
+    rows, level = result.differences, result.differences[0].level
+    holm = ["p Holm"] if len(rows) > 1 else []
+    group = ["group"] if result.within else []
+    columns = [*group, "arm", "n", "difference", f"{level:.0%} interval", "test", "p", "p perm.", *holm, "below"]
+    table = _table(f"{result.metric}: each arm minus {result.baseline}, over seeds", columns,
+                   text=("group", "arm", "test"))
+    for d in rows:
+        interval = "-" if d.low is None else f"[{d.low:+.4g}, {d.high:+.4g}]"
+        cells = [*([plain(d.group)] if group else []), plain(d.arm), f"{d.n}/{d.n_baseline}", f"{d.difference:+.4g}", interval, d.test, _p(d.p_value),
+                 _p(d.p_permutation), *([_p(d.p_holm)] if holm else []),
+                 "-" if d.below is None else f"{d.below}/{d.pairs}"]
+        table.add_row(*cells)
+    out = console()
+    bases = {(d.group, d.baseline): d.mean_baseline for d in rows}
+    means = ", ".join(f"{plain(g + ' ' if g else '')}{plain(b)} {_fmt(m)}" for (g, b), m in bases.items())
+    _print(out, table, wide=False, note=f"baseline mean: {means}; n: trials of the arm/of the baseline")
+    for text in result.notes + sorted({f"{d.arm}: {d.note}" for d in rows if d.note}):
+        out.print(plain(f"note: {text}"))
+
+
+def _p(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2g}"
 
 
 def lines(texts: list[str]) -> None:

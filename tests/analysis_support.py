@@ -24,8 +24,9 @@ def law_loss(family: str, n: float) -> float:
 
 def write_store(path: Path, *, noise: float = 0.003, seed: int = 0, trials: list[dict] | None = None) -> Path:
     """One completed trial per family and size (or the given ``trials``: family,
-    params, achieved, target, val_loss, tokens_per_s). Losses carry a little
-    multiplicative noise; each trial trains on 20 tokens per parameter."""
+    params, achieved, target, val_loss, tokens_per_s; optionally axes, seed and
+    train_loss). Losses carry a little multiplicative noise; each trial trains
+    on 20 tokens per parameter."""
     rng = np.random.default_rng(seed)
     if trials is None:
         trials = [dict(family=f, params=int(n), achieved=float(int(n)), target=float(n),
@@ -34,15 +35,16 @@ def write_store(path: Path, *, noise: float = 0.003, seed: int = 0, trials: list
     with A.open_store(path) as store:
         store.add_study(name="scaling", path="scaling.yaml", config={"budget": {"tolerance": 0.05}})
         rows = [dict(trial_id=f"t{i}", spec={"family": t["family"], "layers": [{"mlp_width": 8}]},
-                     axes={"family": t["family"], "taper": "cosine" if i % 2 else "uniform"}, seed=0,
+                     axes=t.get("axes", {"family": t["family"], "taper": "cosine" if i % 2 else "uniform"}),
+                     seed=t.get("seed", 0),
                      match="params", target=t["target"], achieved=t["achieved"], params=t["params"],
                      total_params=t["params"] + 1000, flops_per_token=6.0 * t["params"],
                      match_error=t["achieved"] / t["target"] - 1, d_model=16, num_layers=2,
                      recipe={"steps": 1, "lr": 1e-3}, data={"kind": "text"}) for i, t in enumerate(trials)]
         store.add_trials("scaling", rows)
         for i, t in enumerate(trials):
-            store.finish(f"t{i}", dict(train_loss=t["val_loss"], val_loss=t["val_loss"], val_accuracy=0.5,
-                                       steps=10, tokens=20 * t["params"], wall_time_s=1.0,
+            store.finish(f"t{i}", dict(train_loss=t.get("train_loss", t["val_loss"]), val_loss=t["val_loss"],
+                                       val_accuracy=0.5, steps=10, tokens=20 * t["params"], wall_time_s=1.0,
                                        tokens_per_s=t["tokens_per_s"], curve=[]))
     return path
 

@@ -290,3 +290,39 @@ def test_rho_and_probes_read_a_memory_model_and_a_gpn_state():
         run_probe(model_with(), calib, state="gpn")
     with pytest.raises(ValueError, match="this model is 'gpn'"):
         error_contraction(build_model(gpn(vocab=32, layers=1)), calib)
+
+
+def _wanda_layer_by_layer(model: nn.Module, calib: list[Batch], sparsity: float) -> nn.Module:
+    """Wanda as the one-forward compress_model must reproduce: for each layer in
+    order, a whole forward per calibration batch through the pruned layers before
+    it reads the layer's norms, then the layer is pruned."""
+    import copy
+
+    pruned = copy.deepcopy(model).eval()
+    for layer in pruned.layers:
+        norms = input_norms(layer, lambda: [pruned(b.inputs) for b in calib])
+        compress_layer(layer, method="wanda", sparsity=sparsity, norms=norms)
+    return pruned
+
+
+@pytest.mark.parametrize("family,structure,options,mixer", [
+    ("transformer", "stack", {}, "attention"),
+    ("gdn", "stack", {}, "gated_deltanet"),
+    ("mamba", "stack", {}, "mamba"),
+    ("memory", "memory", {"placement": 1, "slots": 2, "segment": 4}, "attention"),
+], ids=["transformer", "gdn", "mamba", "memory"])
+def test_one_forward_wanda_equals_a_forward_per_layer(family, structure, options, mixer):
+    """Every pruned weight is bit for bit what a forward per layer gives (the
+    memory sits between layers 1 and 2). Mutation: handing the next layer the
+    dense output (``return out`` in the hook) changes layers 1 to 3."""
+    spec = ArchSpec(family=family, vocab_size=32, d_model=16, num_heads=2, structure=structure, options=options,
+                    layers=tuple(LayerSpec(mixer=mixer, mlp_width=32) for _ in range(4)))
+    torch.manual_seed(0)
+    model = build_model(spec).eval()
+    calib = batches(count=3, seed=1)
+    ours, reference = compress_model(model, calib, sparsity=0.5), _wanda_layer_by_layer(model, calib, 0.5)
+    for (name, a), b in zip(ours.named_parameters(), reference.parameters()):
+        assert torch.equal(a, b), f"{name} differs"
+    assert zero_fraction(ours) == pytest.approx([0.5] * 4, abs=0.02)
+    with pytest.raises(ValueError, match="share one sequence length"):
+        compress_model(model, [calib[0], Batch(inputs=calib[1].inputs[:, :4], targets=calib[1].targets[:, :4])])

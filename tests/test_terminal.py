@@ -147,11 +147,16 @@ def test_status_tables_are_whole_and_name_the_failure(store, trials, capsys, mon
     lines = out.splitlines()
     study_row = next(line for line in lines if line.startswith("tiny"))
     assert study_row.split()[:4] == ["tiny", "4", "3", "1"]
+    # the generalisation gap (val_loss - train_loss) shows where it fits, else says where it is
+    gap = ["gap"] if width > 80 else []
     assert header(out, "trials of tiny") == ["taper.", "taper.", "trial", "shape", "ratio", "params", "status",
-                                             "val_loss", "tokens/s"]
-    for t in trials:
+                                             "val_loss", *gap, "tokens/s"]
+    assert bool(gap) != ("gap (the generalisation gap, val_loss - train_loss): with --wide" in " ".join(out.split()))
+    for i, t in enumerate(trials):
         row = next(line for line in lines if line.startswith(t.trial_id)).split()
         assert row[1:4] == [t.axes["taper.shape"], str(t.axes["taper.ratio"]), f"{t.params:,}"]
+        if gap and i < 3:
+            assert row[6] == "0.1000"  # val_loss 3.1 - i/10 over train_loss 3.0 - i/10
     # one format for every throughput: thousands separators from 1,000 up
     assert "5,738" in out and "12,742" in out and "987.6" in out
     assert f"trial {trials[3].trial_id} failed: ValueError: [red]boom" in out

@@ -12,8 +12,11 @@ pandas or polars DataFrame, a list of row dicts or a dict of columns::
     fits.get("mamba", "N").estimates["alpha"]                 # Estimate(value, low, high)
     front = analysis.pareto(trials, "val_loss,params,tokens_per_s:max")
     front.indices, front.hypervolume
+    diff = analysis.compare_arms(trials, baseline="transformer", by="family")  # over seeds
+    diff.get("memory").difference, diff.get("memory").p_value
 """
 
+from archsearch.analysis.compare import Comparison, Difference, compare_arms, varying_axes
 from archsearch.analysis.fit import LAWS, Estimate, Law, Prediction, ScalingFit, compute_multiplier, fit_law
 from archsearch.analysis.pareto import Front, hypervolume, nondominated, pareto, pareto_front, parse_objectives
 from archsearch.analysis.scaling import Fits, extrapolated_front, fit_scaling
@@ -21,7 +24,8 @@ from archsearch.analysis.tables import as_table, read_csv
 from archsearch.analysis.trials import completed_trials, matched_values
 
 __all__ = [
-    "LAWS", "Estimate", "Fits", "Front", "Law", "Prediction", "ScalingFit", "as_table", "completed_trials",
-    "compute_multiplier", "extrapolated_front", "fit_law", "fit_scaling", "hypervolume", "matched_values",
-    "nondominated", "pareto", "pareto_front", "parse_objectives", "read_csv",
+    "LAWS", "Comparison", "Difference", "Estimate", "Fits", "Front", "Law", "Prediction", "ScalingFit", "as_table",
+    "compare_arms", "completed_trials", "compute_multiplier", "extrapolated_front", "fit_law", "fit_scaling",
+    "hypervolume", "matched_values", "nondominated", "pareto", "pareto_front", "parse_objectives", "read_csv",
+    "varying_axes",
 ]

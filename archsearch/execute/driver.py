@@ -25,7 +25,7 @@ from typing import Any
 
 from archsearch.execute.cluster import per_trial, start_ray, trials_at_once
 from archsearch.execute.parallel import data_parallel_ranks
-from archsearch.execute.preflight import preflight_kernels
+from archsearch.execute.preflight import preflight_checks, preflight_kernels
 from archsearch.execute.progress import TrialProgress
 from archsearch.planner import PlannedTrial, plan
 from archsearch.search import Job, Searcher
@@ -79,6 +79,7 @@ def run_study(study: Study, *, store: str | Path = "archsearch.duckdb", address:
             planned, skipped = len(trials), len(trials) - searcher.expected
         counts = {"completed": 0, "failed": 0, "diverged": 0}
         if not searcher.exhausted:
+            preflight_checks(study, db, trials if grid else None)  # raises, before anything trains, on a leak
             preflight_kernels(study.name, db, [t.spec for t in trials] if grid else None)
             with TrialProgress(total=searcher.expected, enabled=show_progress, heartbeat_s=heartbeat_s) as progress:
                 counts = _run_on_ray(searcher, db, study, store=store, address=address,

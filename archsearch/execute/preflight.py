@@ -1,5 +1,7 @@
-"""Before a study's trials start on a GPU: compile and check each Triton kernel it uses, once.
+"""Before a study's trials start: the checks it lists, and on a GPU each Triton kernel it uses.
 
+``checks: [causal]`` builds every planned architecture and stops the study, before any
+trial trains, if changing later tokens moves an earlier output (archsearch.inspect.causal).
 A kernel that fails to compile, or disagrees with its PyTorch reference on this device, is
 turned off (its op runs the PyTorch path in this process and in the workers started after)
 and the failure is recorded in the store, instead of every trial failing on it.
@@ -7,9 +9,11 @@ and the failure is recorded in the store, instead of every trial failing on it.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 
 from archsearch.arch.spec import ArchSpec
+from archsearch.errors import SpecError
 
 
 def kernels_used(specs: Iterable[ArchSpec]) -> list[str]:
@@ -42,3 +46,49 @@ def preflight_kernels(study_name: str, db, specs: Iterable[ArchSpec] | None, *, 
     for reason in failures.values():
         warn(f"warning: {reason}; using the PyTorch path for it")
     return failures
+
+
+def preflight_checks(study, db, trials: list | None = None) -> None:
+    """Run ``study.checks`` on its planned ``trials`` (``plan(study)`` when None),
+    one build per distinct architecture; record the outcome in the store and,
+    when one fails, raise a SpecError naming the arm, its trial and the position."""
+    if "causal" not in study.checks:
+        return
+    import torch
+
+    from archsearch.analysis.compare import varying_axes
+    from archsearch.data import seq_len_of
+    from archsearch.inspect.causal import spec_leak
+    from archsearch.planner import plan
+
+    trials = plan(study) if trials is None else trials
+    arms: dict[str, object] = {}  # one trial per architecture and length (seeds share both)
+    for trial in trials:
+        arms.setdefault(json.dumps([trial.spec.to_dict(), seq_len_of(trial.data)], sort_keys=True), trial)
+    leaks, lengths = [], set()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(study.execution.threads_per_trial)  # as a trial runs; the machine's cores oversubscribe
+    try:
+        for trial in arms.values():
+            leak, length = spec_leak(trial.spec, seq_len=seq_len_of(trial.data), seed=trial.seed)
+            lengths.add(length)
+            if leak is not None:
+                leaks.append((trial, leak))
+    finally:
+        torch.set_num_threads(threads)
+    if not leaks:
+        db.record_check(study.name, "causal", dict(passed=True, architectures=len(arms), seq_len=sorted(lengths)))
+        return
+    trial, leak = leaks[0]
+    more = f" (and {len(leaks) - 1} more of the {len(arms)} arms)" if len(leaks) > 1 else ""
+    names = varying_axes([t.axes for t in arms.values()])
+    label = " ".join(f"{name}={trial.axes[name]}" for name in names if name in trial.axes) or trial.spec.family
+    line = (f"causal-leakage check failed: arm {label} (trial "
+            f"{trial.trial_id}): {leak.describe()}{more}; no trial was trained")
+    db.record_check(study.name, "causal", dict(passed=False, architectures=len(arms), seq_len=sorted(lengths),
+                                              leaking=len(leaks), failure=line))
+    hint = "the model reads tokens after the one it predicts; fix it before training, the loss would be a leak's"
+    origin = study._origin
+    if origin is None:
+        raise SpecError(line, field="checks", hint=hint)
+    raise origin.error(line, loc=("checks",), hint=hint)

@@ -6,7 +6,8 @@ Wanda (Sun et al., https://arxiv.org/abs/2306.11695; the reference is
 over the calibration tokens, and zeroes the lowest-scored weights *within each
 output row*. Layers are pruned in order, and each layer's input norms are
 read with every earlier layer already pruned, so a layer sees the inputs the
-pruned model will give it. Magnitude pruning is the same with every input
+pruned model will give it: in one forward over the calibration set, each
+layer pruned and run again as soon as it has run. Magnitude pruning is the same with every input
 norm equal to one. int8 rounds each output row to 255 levels of its own
 absolute maximum.
 
@@ -89,7 +90,15 @@ def compress_model(model: nn.Module, batches: list[Batch], *, method: str = "wan
                    sparsity: float | list[float] = 0.5) -> nn.Module:
     """A compressed copy of ``model``: every layer in order, each one's input
     norms read through the already-compressed earlier layers. ``sparsity`` is
-    one value or one per layer."""
+    one value or one per layer.
+
+    Wanda's norms come from one forward over all the calibration batches at
+    once (they must have one shape): as each layer finishes, it is pruned on
+    the norms its linear maps just saw and run again, and the next layer
+    reads that pruned output. The norms are the ones a forward per layer
+    through the pruned layers before it reads (that was L forwards), summed
+    batch by batch in the same order.
+    """
     pruned = copy.deepcopy(model).eval()
     layers = layers_of(pruned)
     per_layer = sparsity if isinstance(sparsity, list) else [sparsity] * len(layers)
@@ -97,13 +106,57 @@ def compress_model(model: nn.Module, batches: list[Batch], *, method: str = "wan
         raise ValueError(f"{len(per_layer)} sparsities for {len(layers)} layers")
     if any(not 0 <= s < 1 for s in per_layer):
         raise ValueError(f"sparsity must be in [0, 1), got {per_layer}")
+    if method != "wanda":  # no statistics to read
+        for layer, layer_sparsity in zip(layers, per_layer):
+            compress_layer(layer, method=method, sparsity=layer_sparsity)
+        return pruned
+    if len({tuple(batch.inputs.shape[1:]) for batch in batches}) > 1:
+        raise ValueError("calibration batches must share one sequence length to run as one batch")
     device = next(pruned.parameters()).device
-    for layer, layer_sparsity in zip(layers, per_layer):
-        norms = None
-        if method == "wanda":
-            norms = input_norms(layer, lambda: [pruned(batch.inputs.to(device)) for batch in batches])
-        compress_layer(layer, method=method, sparsity=layer_sparsity, norms=norms)
+    rows = [batch.inputs.shape[0] for batch in batches]
+    handles = [layer.register_forward_hook(_prune_when_run(layer, layer_sparsity, rows, last=index == len(layers) - 1),
+                                           with_kwargs=True)
+               for index, (layer, layer_sparsity) in enumerate(zip(layers, per_layer))]
+    try:
+        pruned(torch.cat([batch.inputs for batch in batches]).to(device))
+    except _LastLayerPruned:  # what follows the last layer (the head) reads no norms
+        pass
+    finally:
+        for handle in handles:
+            handle.remove()
     return pruned
+
+
+class _LastLayerPruned(Exception):
+    """Raised by the last layer's hook: the rest of the forward is not needed."""
+
+
+def _prune_when_run(layer: nn.Module, sparsity: float, rows: list[int], *, last: bool):
+    """A forward hook of ``layer`` for ``compress_model``: the layer's linear maps
+    have seen the calibration batches (``rows`` each, concatenated); prune it on
+    their norms and hand the next layer the pruned layer's output."""
+    sums: dict[nn.Linear, torch.Tensor] = {}
+
+    def collect(linear, args):
+        x = args[0].detach().float()
+        # batch-major inputs are summed per calibration batch, as one forward per batch sums them
+        parts = x.split([r * x.shape[0] // sum(rows) for r in rows]) if x.shape[0] % sum(rows) == 0 else [x]
+        for part in parts:
+            x_NI = part.reshape(-1, x.shape[-1])
+            sums[linear] = sums.get(linear, 0) + (x_NI * x_NI).sum(0)
+
+    collecting = [linear.register_forward_pre_hook(collect) for linear in linears(layer)]
+
+    def hook(module, args, kwargs, out):
+        for handle in collecting:
+            handle.remove()
+        compress_layer(layer, method="wanda", sparsity=sparsity,
+                       norms={linear: total.sqrt() for linear, total in sums.items()})
+        if last:
+            raise _LastLayerPruned
+        return layer.forward(*args, **kwargs)  # not layer(...): that would run this hook again
+
+    return hook
 
 
 def sparsity_schedule(kind: str, sparsity: float, sizes: list[int], *, spread: float = 0.5) -> list[float]:

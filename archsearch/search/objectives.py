@@ -34,8 +34,8 @@ def parse_objectives(texts: list[str]) -> list[Objective]:
 
 def objective_values(objectives: list[Objective], row: dict) -> list[float] | None:
     """Each objective of one finished trial, from a row holding its plan and
-    result (``params``, ``flops_per_token``, ``state``, ``val_loss``, ``tokens``,
-    ``tokens_per_s``, ``val_accuracy``); None when one is missing or not finite
+    result (``params``, ``flops_per_token``, ``state``, ``val_loss``, ``train_loss``,
+    ``tokens``, ``tokens_per_s``, ``val_accuracy``); None when one is missing or not finite
     (a diverged trial is never scored)."""
     values = []
     for objective in objectives:
@@ -50,6 +50,9 @@ def _measure(name: str, row: dict) -> float | None:
     if name == "train_flops":
         flops, tokens = row.get("flops_per_token"), row.get("tokens")
         return None if flops is None or tokens is None else flops * tokens
+    if name == "gen_gap":  # as the store's trials read computes it (archsearch.store.duck.GEN_GAP)
+        val, train = row.get("val_loss"), row.get("train_loss")
+        return None if val is None or train is None else val - train
     if name == "state_bytes":
         state = row.get("state")
         return None if state is None else state * STATE_BYTES_PER_VALUE

@@ -316,7 +316,7 @@ class Execution(Strict):
 
 SAMPLERS = ("grid", "random", "tpe", "nsga2", "cmaes", "gp")
 OBJECTIVES = ("val_loss", "params", "flops_per_token", "train_flops", "tokens_per_s", "state_bytes",
-              "val_accuracy")
+              "val_accuracy", "gen_gap")
 _OBJECTIVE = r"^(" + "|".join(OBJECTIVES) + r"):(min|max)$"
 
 
@@ -370,6 +370,10 @@ class Search(Strict):
         return self
 
 
+# Checks a study may list under ``checks`` (archsearch.execute.preflight runs them).
+CHECKS = ("causal",)
+
+
 def _file_name(name: Any) -> Any:
     # Checked before the pattern so the message says what a name may hold, not a regex.
     if isinstance(name, str) and not (0 < len(name) <= NAME_LIMIT and re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*",
@@ -395,7 +399,22 @@ class Study(Strict):
     search: Search = Search()
     execution: Execution = Field(default=Execution(), description="how trials run: parallelism, resources, "
                                                                   "retries, checkpoint storage")
+    checks: list[Literal[CHECKS]] = Field(
+        default_factory=list,
+        description="run before any trial trains, each stopping the study (exit 2) if it fails; causal: every "
+                    "planned architecture is built and the tokens after a position changed, and no logit up to "
+                    "it may move (across memory segments too); recorded in the store, shown by status")
     _origin: Any = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _checks_know_the_architectures(self) -> Study:
+        if "causal" in self.checks and self.search.sampler != "grid":
+            raise ValueError(f"checks: causal builds every planned architecture before training, and a "
+                             f"{self.search.sampler} search's are not known then; use search.sampler: grid, or "
+                             "check a grid over the same space first")
+        if len(set(self.checks)) < len(self.checks):
+            raise ValueError("checks: a check is listed twice")
+        return self
 
     @model_validator(mode="after")
     def _batch_splits_across_workers(self) -> Study:

@@ -68,6 +68,12 @@ CREATE TABLE IF NOT EXISTS metrics (
 """
 
 
+# The generalisation gap at the end of training, a column of every trials read: the last
+# evaluation's validation loss minus the training loss beside it, the mean objective of the
+# last 10 training steps (memory arms with aux and exit-gate models: their auxiliary terms
+# included). Computed, not stored, so stores written before it have it too.
+GEN_GAP = "val_loss - train_loss AS gen_gap"
+
 # Every table of the store, in the order export writes them.
 TABLES = ("studies", "study_versions", "trials", "study_trials", "metrics", "trial_rungs", "search_proposals",
           "fidelity_ladders", "layer_profiles")
@@ -301,7 +307,7 @@ class Store(SideTables):
         """Every trial's plan and result columns by trial id (for searches
         that must not train a finished trial again)."""
         table = self.sql("SELECT trial_id, status, params, flops_per_token, state, val_loss, val_accuracy, "
-                         "tokens, tokens_per_s FROM trials")
+                         "tokens, tokens_per_s, train_loss FROM trials")
         return {row["trial_id"]: row for row in table.to_pylist()}
 
     def completed_ids(self) -> set[str]:
@@ -327,11 +333,11 @@ class Store(SideTables):
                         "LEFT JOIN trials t ON t.trial_id = st.trial_id GROUP BY ALL ORDER BY s.name")
 
     def trials(self, study: str | None = None) -> pa.Table:
-        """Trials as an Arrow table, for one study or all."""
+        """Trials as an Arrow table, for one study or all, with ``gen_gap`` (see GEN_GAP) last."""
         if study is None:
-            return self.sql(f"SELECT * REPLACE ({self._status()} AS status) FROM trials "
+            return self.sql(f"SELECT * REPLACE ({self._status()} AS status), {GEN_GAP} FROM trials "
                             "ORDER BY created_at, trial_id")
-        return self.sql(f"SELECT t.* REPLACE ({self._status('t.')} AS status) FROM trials t "
+        return self.sql(f"SELECT t.* REPLACE ({self._status('t.')} AS status), {GEN_GAP} FROM trials t "
                         "JOIN study_trials st USING (trial_id) WHERE st.study = ? ORDER BY t.created_at, t.trial_id",
                         [study])
 

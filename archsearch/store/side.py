@@ -1,6 +1,6 @@
 """The store's tables beside the trials: rungs of multi-fidelity trials, a
-sampled search's proposals, fidelity ladders, analyses of trained models and
-kernel preflights. A mixin of ``Store``, which gives it ``_within`` (a write
+sampled search's proposals, fidelity ladders, analyses of trained models,
+kernel preflights and study checks. A mixin of ``Store``, which gives it ``_within`` (a write
 transaction) and ``sql`` (a read)."""
 
 from __future__ import annotations
@@ -70,6 +70,23 @@ class SideTables:
         """The last preflight's failures for ``study`` ({} when all passed or none ran)."""
         rows = self.sql("SELECT value FROM meta WHERE key = ?", [f"kernel_preflight:{study}"]).to_pylist()
         return json.loads(rows[0]["value"]) if rows else {}
+
+    def record_check(self, study: str, check: str, result: dict, *,
+                     con: duckdb.DuckDBPyConnection | None = None) -> None:
+        """The outcome of a study's check (``checks: [causal]``): ``passed``, what
+        it covered, the failure line; the last run's, kept in meta beside the preflight."""
+        result = {**result, "ran_at": _now().isoformat(timespec="seconds")}
+        with self._within(con) as con:
+            con.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", [f"check:{check}:{study}", json.dumps(result)])
+
+    def checks(self, study: str | None = None) -> list[dict]:
+        """The checks recorded for ``study`` (or every study), each with ``study`` and ``check``."""
+        out = []
+        for row in self.sql("SELECT key, value FROM meta WHERE key LIKE 'check:%' ORDER BY key").to_pylist():
+            _, check, name = row["key"].split(":", 2)
+            if study is None or name == study:
+                out.append({"study": name, "check": check, **json.loads(row["value"])})
+        return out
 
     def layer_profiles(self, trial_id: str | None = None, analysis: str | None = None) -> pa.Table:
         """Stored analyses of trained trials (``record_profile`` rows), optionally of one trial or analysis."""
