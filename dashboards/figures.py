@@ -229,8 +229,9 @@ def _fits(groups: dict[str, list[dict]], *, x: str, y: str, bootstrap: int) -> d
         key = (points, bootstrap)
         if key not in _FIT_CACHE:
             try:
+                # grid=False: a scan over alpha finds the grid's optimum, 100x faster (fit.fit_law)
                 fits = fit_scaling({"N": [n for n, _ in points], "loss": [v for _, v in points]}, laws=("N",),
-                                   by=None, loss_col="loss", n_col="N", d_col=None, bootstrap=bootstrap)
+                                   by=None, loss_col="loss", n_col="N", d_col=None, bootstrap=bootstrap, grid=False)
                 _FIT_CACHE[key] = fits.fits[0]
             except ValueError:  # too few distinct sizes, or sizes that do not identify the law
                 _FIT_CACHE[key] = None
