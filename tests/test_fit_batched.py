@@ -123,6 +123,20 @@ def test_unconverged_batched_fits_are_finished_by_lbfgs(monkeypatch):
     _agree(cut, full, rel=1e-5)
 
 
+def test_the_band_is_predict_at_every_point():
+    """``band`` (what the dashboard draws) gives ``predict``'s loss and interval at each point."""
+    sizes, loss, _ = planted("small-models")
+    fit = analysis.fit_law({"N": sizes}, loss, "N", bootstrap=50, grid=False)
+    points = np.geomspace(1e2, 1e7, 7)
+    value, low, high = fit.band(points)
+    for i, size in enumerate(points):
+        one = fit.predict(N=size).loss
+        assert (value[i], low[i], high[i]) == pytest.approx((one.value, one.low, one.high), rel=1e-12)
+    assert np.all(low < value) and np.all(value < high)
+    bare = analysis.fit_law({"N": sizes}, loss, "N", bootstrap=0, grid=False)
+    assert bare.band(points)[1] is None
+
+
 def test_an_unknown_solver_is_one_line():
     sizes, loss, _ = planted("steep")
     with pytest.raises(ValueError, match="unknown solver 'newton'; choose from auto, lbfgs"):

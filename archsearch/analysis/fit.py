@@ -30,6 +30,7 @@ what lets the dashboard draw its bands when it opens; L(N, D) keeps L-BFGS.
 from __future__ import annotations
 
 import itertools
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -152,12 +153,27 @@ class ScalingFit:
         if not len(self.draws):
             return Prediction(at=at, loss=Estimate(value=value), prediction_low=None, prediction_high=None,
                               extrapolated=extrapolated)
-        log_draws = _log_loss_of_draws(self.draws, log_x[:, 0])
+        log_draws = _log_loss_of_draws(self.draws, log_x)[:, 0]
         noise = np.random.default_rng(0).choice(self.residuals, size=len(log_draws))
         low, high = _interval(np.exp(log_draws), self.level)
         prediction_low, prediction_high = _interval(np.exp(log_draws + noise), self.level)
         return Prediction(at=at, loss=Estimate(value=value, low=low, high=high), prediction_low=prediction_low,
                           prediction_high=prediction_high, extrapolated=extrapolated)
+
+    def band(self, points: Any) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """A one-variable law (L(N), L(C)) at each of ``points``: the loss and
+        its confidence interval's low and high ends, [points] each (None
+        without a bootstrap); what ``predict`` gives at each point, at once."""
+        if len(self.law.variables) != 1:
+            raise ValueError(f"{self.law.name} has {len(self.law.variables)} variables; predict it point by point")
+        log_x = np.log(np.asarray(points, dtype=float))[None, :]  # [variables, points]
+        value = np.exp(_log_loss(self.theta, log_x))
+        if not len(self.draws):
+            return value, None, None
+        losses = np.nan_to_num(np.exp(_log_loss_of_draws(self.draws, log_x)), nan=np.inf,
+                               posinf=np.finfo(float).max)  # as in _interval
+        low, high = np.quantile(losses, [(1 - self.level) / 2, (1 + self.level) / 2], axis=0)
+        return value, low, high
 
     def to_dict(self) -> dict:
         return {"group": self.group, "law": self.law.name, "formula": self.law.formula, "points": self.points,
@@ -193,12 +209,9 @@ def fit_law(variables: dict[str, Any], loss: Any, law: str | Law = "ND", *, grou
     starts = np.array(list(_grid(law))) if grid else _single_starts(law, log_x, log_loss)
     rng = np.random.default_rng(seed)
     samples = np.array([rng.integers(0, len(loss), len(loss)) for _ in range(bootstrap)], dtype=int)
-    import scipy.optimize  # noqa: F401  (loaded before the limit below, which applies to loaded libraries)
-    from threadpoolctl import threadpool_limits
-
-    # L-BFGS works on 5x5 matrices; a threaded BLAS only spins on them (30x slower on a busy machine).
-    with threadpool_limits(limits=1, user_api="blas"):
-        fits = _fits_batched if solver == "auto" and len(law.variables) == 1 else _fits_lbfgs
+    batched = solver == "auto" and len(law.variables) == 1
+    with _one_blas_thread(scipy=not batched):
+        fits = _fits_batched if batched else _fits_lbfgs
         theta, value, converged, draws = fits(log_x, log_loss, starts, samples.reshape(bootstrap, len(loss)))
     residuals = log_loss - _log_loss(theta, log_x)
     ranges = {v: (float(np.exp(row.min())), float(np.exp(row.max()))) for v, row in zip(law.variables, log_x)}
@@ -226,14 +239,31 @@ def _fits_batched(log_x: np.ndarray, log_loss: np.ndarray, starts: np.ndarray, s
     best = int(np.argmin(values))
     theta, value, converged = thetas[best], float(values[best]), bool(done[best])
     if not converged:
-        result = _minimise(_HuberObjective(log_x, log_loss), theta)
+        with _one_blas_thread(scipy=True):
+            result = _minimise(_HuberObjective(log_x, log_loss), theta)
         theta, value, converged = result.x, float(result.fun), bool(result.success)
     draws, _, done = batched.minimise(log_x_P[samples], log_loss[samples], np.tile(theta, (len(samples), 1)),
                                       delta=HUBER_DELTA, ftol=FTOL)
-    for i in np.flatnonzero(~done):
-        rows = samples[i]
-        draws[i] = _minimise(_HuberObjective(log_x[:, rows], log_loss[rows]), draws[i]).x
+    if not done.all():
+        with _one_blas_thread(scipy=True):
+            for i in np.flatnonzero(~done):
+                rows = samples[i]
+                draws[i] = _minimise(_HuberObjective(log_x[:, rows], log_loss[rows]), draws[i]).x
     return theta, value, converged, draws
+
+
+@contextmanager
+def _one_blas_thread(*, scipy: bool):
+    """BLAS on one thread: the fits work on 3x3 to 5x5 matrices, where a threaded
+    BLAS only spins (30x slower on a busy machine). ``scipy``: load scipy first
+    (a second of imports the batched fits do without), since the limit applies
+    to the libraries loaded when it is set."""
+    if scipy:
+        import scipy.optimize  # noqa: F401
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=1, user_api="blas"):
+        yield
 
 
 def compute_multiplier(baseline: ScalingFit, other: ScalingFit, compute: float) -> dict:
@@ -305,11 +335,12 @@ def _log_loss(theta: np.ndarray, log_x: np.ndarray) -> np.ndarray:
 
 
 def _log_loss_of_draws(thetas: np.ndarray, log_x: np.ndarray) -> np.ndarray:
-    """``_log_loss`` of each row of ``thetas`` [draws, parameters] at one point ``log_x`` [variables]."""
+    """``_log_loss`` of each row of ``thetas`` [draws, parameters] at ``log_x`` [variables, points]: [draws, points]."""
     k = log_x.shape[0]
-    terms = np.hstack([thetas[:, :1], thetas[:, 1:1 + k] - thetas[:, 1 + k:] * log_x])  # [draws, terms]
-    top = terms.max(axis=1)
-    return top + np.log(np.exp(terms - top[:, None]).sum(axis=1))
+    terms = np.concatenate([np.broadcast_to(thetas[:, None, :1], (len(thetas), log_x.shape[1], 1)),
+                            (thetas[:, None, 1:1 + k] - thetas[:, None, 1 + k:] * log_x.T[None])], axis=2)
+    top = terms.max(axis=2)  # [draws, points]; terms [draws, points, terms]
+    return top + np.log(np.exp(terms - top[..., None]).sum(axis=2))
 
 
 def _natural(thetas: np.ndarray) -> np.ndarray:
