@@ -3,20 +3,22 @@
 The objective is ``fit._HuberObjective``'s exactly: in logs, theta = (e, a,
 alpha) with E = exp(e), A = exp(a), log L = LSE(e, a - alpha log x), and the
 summed Huber loss (delta 1e-3) between that and the observed log loss.
-scipy's L-BFGS takes a Python round trip per iteration of each fit (about
-1 ms on 200 points, far more on a busy machine), so an arm's 150 grid starts
-and 100 bootstrap refits cost a quarter second or more. Here they move
-together, as arrays [fits, points], a damped Newton step per iteration for
-every fit, in numpy; they converge in about 10 steps.
+scipy's L-BFGS makes Python round trips on every iteration of every fit
+(about 1 ms a fit of 200 points on a quiet machine), so an arm's 150 grid
+starts and 100 bootstrap refits cost a quarter second or more. Here they
+move together, as arrays [fits, points]: a Newton step with a backtracking
+line search per iteration for every fit, in numpy; a bootstrap resample
+started from the full-data optimum converges in about 10 steps.
 
 The Huber loss is differentiable once: points with |r| < delta add J J^T to
 the Hessian, the others only the curvature of the log-sum-exp, which can make
 it indefinite. Where the Newton step does not lower the loss within a few
 halvings, a fit takes the iteratively reweighted least-squares step instead
 (weights min(1, delta / |r|): a positive definite curvature with the exact
-gradient, so always a descent direction). A fit stops as L-BFGS-B's ftol rule
-does, when a step lowers its loss by at most ``fit.FTOL`` relative; the fits
-still moving after ``MAX_STEPS`` come back unconverged, for L-BFGS to finish.
+gradient, so always a descent direction). A fit stops by L-BFGS-B's ftol
+rule, when a step lowers its loss by at most ``ftol`` times max(loss, 1), or
+when no step lowers it; the fits still moving after ``MAX_STEPS`` come back
+unconverged, for L-BFGS to finish.
 
 ``profile_starts`` finds where to start without a grid: alpha is the law's
 only nonlinear parameter, and for a fixed alpha, E and A follow from a linear

@@ -23,8 +23,9 @@ predicted losses plus a resampled log residual (prediction interval).
 
 The one-term laws take every start and every resample at once
 (``batched.minimise``: the same objective, Newton steps over arrays, the same
-ftol stopping rule), about 20x faster than a loop of L-BFGS calls, which is
-what lets the dashboard draw its bands when it opens; L(N, D) keeps L-BFGS.
+ftol stopping rule) and, without the grid, start from a scan over alpha
+(``batched.profile_starts``); together about 20x faster than L-BFGS from the
+grid, which lets the dashboard draw its bands as it opens. L(N, D) keeps L-BFGS.
 """
 
 from __future__ import annotations
