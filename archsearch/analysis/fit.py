@@ -30,7 +30,9 @@ grid, which lets the dashboard draw its bands as it opens. L(N, D) keeps L-BFGS.
 
 from __future__ import annotations
 
+import functools
 import itertools
+import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -261,10 +263,17 @@ def _one_blas_thread(*, scipy: bool):
     to the libraries loaded when it is set."""
     if scipy:
         import scipy.optimize  # noqa: F401
-    from threadpoolctl import threadpool_limits
-
-    with threadpool_limits(limits=1, user_api="blas"):
+    with _blas_libraries("scipy.optimize" in sys.modules).limit(limits=1, user_api="blas"):
         yield
+
+
+@functools.cache
+def _blas_libraries(scipy_loaded: bool):
+    """The loaded BLAS libraries, found once (a search of the process's shared
+    libraries, 15 ms a fit otherwise); again once scipy has brought its own."""
+    from threadpoolctl import ThreadpoolController
+
+    return ThreadpoolController()
 
 
 def compute_multiplier(baseline: ScalingFit, other: ScalingFit, compute: float) -> dict:
