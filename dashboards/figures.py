@@ -139,7 +139,8 @@ def sample_rows(rows: list[dict], limit: int = MAX_POINTS, keep: set[str] = froz
     is the same on every redraw whatever order the rows come in."""
     if len(rows) <= limit:
         return rows
-    chosen = {r["trial_id"] for r in rows if r["trial_id"] in keep} | {r["trial_id"] for r in arm_bests(rows).values()}
+    chosen = {r["trial_id"] for r in rows if r["trial_id"] in keep}
+    chosen |= {r["trial_id"] for r in arm_bests(rows).values()}
     rest = (t for t in _rank_order(rows) if t not in chosen)
     chosen.update(itertools.islice(rest, max(limit - len(chosen), 0)))
     return [r for r in rows if r["trial_id"] in chosen]
@@ -274,7 +275,7 @@ def _fits(groups: dict[str, list[dict]], *, x: str, y: str, bootstrap: int) -> d
         key = (points, bootstrap)
         if key not in _FIT_CACHE:
             try:
-                # grid=False: a scan over alpha finds the grid's optimum, 100x faster (see fit.fit_law)
+                # grid=False: a scan over alpha finds the grid's optimum, some 40x faster (docs/performance.md)
                 sizes, losses = np.array(points).T
                 _FIT_CACHE[key] = fit_law({"N": sizes}, losses, "N", bootstrap=bootstrap, grid=False)
             except ValueError:  # too few distinct sizes, or sizes that do not identify the law

@@ -35,8 +35,8 @@ DEFAULT_OBJECTIVES = [("val_loss", "min"), ("params", "min")]
 MAX_CURVES = 60
 # The trials table lists the front and at most this many of each arm's best; a line counts the rest.
 MAX_TABLE_PER_ARM = 20
-# Columns the views never read, left in the store (turning 100,000 rows into
-# dicts costs about 15 ms a column).
+# Columns the views never read, left in the store (each would be 100,000 dict
+# entries per redraw at the large end).
 UNREAD = ("recipe", "data", "created_at", "finished_at", "seed", "train_loss", "val_accuracy", "steps", "tokens",
           "wall_time_s", "attempts", "error", "code_version", "status", "sweep_group", "sweep_best")
 

@@ -25,7 +25,7 @@ only nonlinear parameter, and for a fixed alpha, E and A follow from a linear
 least-squares fit (of relative residuals, which approximate log residuals),
 so a scan over alpha finds the basin of the optimum in one pass.
 
-Letters in names: F fits, P points, S scanned exponents.
+Letters in names: F fits, P points, S scanned exponents or step lengths tried.
 """
 
 from __future__ import annotations

@@ -24,8 +24,9 @@ predicted losses plus a resampled log residual (prediction interval).
 The one-term laws take every start and every resample at once
 (``batched.minimise``: the same objective, Newton steps over arrays, the same
 ftol stopping rule) and, without the grid, start from a scan over alpha
-(``batched.profile_starts``); together about 20x faster than L-BFGS from the
-grid, which lets the dashboard draw its bands as it opens. L(N, D) keeps L-BFGS.
+(``batched.profile_starts``); together some 40x faster than L-BFGS from the
+grid on the dashboard's fits (docs/performance.md), which lets it draw its
+bands as it opens. L(N, D) keeps L-BFGS.
 """
 
 from __future__ import annotations
@@ -212,9 +213,9 @@ def fit_law(variables: dict[str, Any], loss: Any, law: str | Law = "ND", *, grou
     starts = np.array(list(_grid(law))) if grid else _single_starts(law, log_x, log_loss)
     rng = np.random.default_rng(seed)
     samples = np.array([rng.integers(0, len(loss), len(loss)) for _ in range(bootstrap)], dtype=int)
-    batched = solver == "auto" and len(law.variables) == 1
-    with _one_blas_thread(scipy=not batched):
-        fits = _fits_batched if batched else _fits_lbfgs
+    at_once = solver == "auto" and len(law.variables) == 1
+    with _one_blas_thread(scipy=not at_once):
+        fits = _fits_batched if at_once else _fits_lbfgs
         theta, value, converged, draws = fits(log_x, log_loss, starts, samples.reshape(bootstrap, len(loss)))
     residuals = log_loss - _log_loss(theta, log_x)
     ranges = {v: (float(np.exp(row.min())), float(np.exp(row.max()))) for v, row in zip(law.variables, log_x)}
@@ -270,7 +271,7 @@ def _one_blas_thread(*, scipy: bool):
 @functools.cache
 def _blas_libraries(scipy_loaded: bool):
     """The loaded BLAS libraries, found once (a search of the process's shared
-    libraries, 15 ms a fit otherwise); again once scipy has brought its own."""
+    libraries, 15 ms a fit on a busy machine otherwise); again once scipy has brought its own."""
     from threadpoolctl import ThreadpoolController
 
     return ThreadpoolController()
