@@ -244,9 +244,18 @@ def _add_fit(fig: go.Figure, fit, *, name: str, colour: str, legend: bool) -> No
                       "<br>N=%{x:,.0f}: %{y:.4f}<extra></extra>"))
 
 
-# Fits are the slow part of a refresh; the app redraws every few seconds, so
-# each arm's fit is kept for as long as its points stay the same.
+# The app redraws every few seconds, so each arm's fit is kept for as long as
+# its points stay the same; a long-running app keeps the latest MAX_KEPT_FITS
+# (each trial that finishes changes its arm's points).
 _FIT_CACHE: dict[tuple, object] = {}
+MAX_KEPT_FITS = 500
+
+
+def _keep(cache: dict, key, value) -> None:
+    """``cache[key] = value``, dropping the oldest entries past ``MAX_KEPT_FITS``."""
+    cache[key] = value
+    while len(cache) > MAX_KEPT_FITS:
+        del cache[next(iter(cache))]
 
 
 def _band(fit) -> tuple[np.ndarray, tuple]:
@@ -255,7 +264,7 @@ def _band(fit) -> tuple[np.ndarray, tuple]:
     if id(fit) not in _BANDS or _BANDS[id(fit)][0] is not fit:
         low, high = fit.ranges["N"]
         grid = np.geomspace(low, 2 * high, 30)
-        _BANDS[id(fit)] = (fit, grid, fit.band(grid))
+        _keep(_BANDS, id(fit), (fit, grid, fit.band(grid)))
     return _BANDS[id(fit)][1:]
 
 
@@ -277,9 +286,10 @@ def _fits(groups: dict[str, list[dict]], *, x: str, y: str, bootstrap: int) -> d
             try:
                 # grid=False: a scan over alpha finds the grid's optimum, some 40x faster (docs/performance.md)
                 sizes, losses = np.array(points).T
-                _FIT_CACHE[key] = fit_law({"N": sizes}, losses, "N", bootstrap=bootstrap, grid=False)
+                fit = fit_law({"N": sizes}, losses, "N", bootstrap=bootstrap, grid=False)
             except ValueError:  # too few distinct sizes, or sizes that do not identify the law
-                _FIT_CACHE[key] = None
+                fit = None
+            _keep(_FIT_CACHE, key, fit)
         if _FIT_CACHE[key] is not None:
             out[label] = _FIT_CACHE[key]
     return out

@@ -140,3 +140,19 @@ def test_a_list_of_rows_that_grows_is_worked_out_again():
     assert varying_axes(one_family) == ["taper.shape"]
     one_family.append(next(r for r in rows if r["family"] == "transformer"))
     assert varying_axes(one_family) == ["family", "taper.shape"]
+
+
+def test_a_long_running_app_keeps_only_the_latest_fits(monkeypatch):
+    """Each trial that finishes changes its arm's points and so its fit; the
+    app keeps the latest ``MAX_KEPT_FITS`` fits and their bands, not every one."""
+    from archsearch_dashboards import figures
+
+    monkeypatch.setattr(figures, "_FIT_CACHE", {})
+    monkeypatch.setattr(figures, "_BANDS", {})
+    monkeypatch.setattr(figures, "MAX_KEPT_FITS", 3)
+    rows = generated(60, seed=5)
+    for count in range(40, 60, 2):  # a study that grows, redrawn after each new pair of trials
+        scaling_figure(rows[:count], bootstrap=5)
+    assert len(figures._FIT_CACHE) == 3 and len(figures._BANDS) == 3
+    latest = scaling_figure(rows, bootstrap=5)
+    assert any(trace.name.endswith(" band") for trace in latest.data)
