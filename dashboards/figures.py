@@ -13,8 +13,12 @@ back into the characters on screen.
 
 from __future__ import annotations
 
+import functools
+import heapq
 import html
+import itertools
 import json
+import math
 import zlib
 from collections import defaultdict
 
@@ -23,7 +27,7 @@ import plotly.colors
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from archsearch.analysis import fit_scaling, pareto
+from archsearch.analysis import fit_law, pareto
 
 # Columns a figure reads besides the axes.
 TEMPLATE = "plotly_white"
@@ -37,6 +41,32 @@ MAX_TARGETS = 8
 MAX_POINTS = 2_000
 # An arm's L(N) is fitted (with its bootstrap band) on at most this many of its trials.
 MAX_FIT_POINTS = 200
+# How many lists of rows ``per_rows`` keeps answers for (a redraw's rows, the app's filtered and ranked ones).
+KEPT_ROW_LISTS = 4
+
+
+def per_rows(function):
+    """Keep ``function(rows, ...)``'s answers for the last few lists of rows it
+    was given, while a list and the other arguments stay the same.
+
+    The views of one redraw are drawn from one list of rows (100,000 at the
+    large end) and each works out the arms, their labels and a sample from
+    it; this works each out once per redraw. Answers are keyed by the list's
+    identity and length (the list is held, so its id is not reused), so rows
+    are not to be changed in place between views (no view does).
+    """
+    kept: list[tuple] = []
+
+    @functools.wraps(function)
+    def once(rows, *args, **kwargs):
+        for held, length, arguments, answer in kept:
+            if held is rows and length == len(rows) and arguments == (args, kwargs):
+                return answer
+        answer = function(rows, *args, **kwargs)
+        kept[:] = [(rows, len(rows), (args, kwargs), answer), *kept[:KEPT_ROW_LISTS - 1]]
+        return answer
+
+    return once
 
 
 def _palette() -> list[str]:
@@ -57,6 +87,7 @@ def text(value) -> str:
     return html.escape(str(value), quote=True)
 
 
+@per_rows
 def varying_axes(rows: list[dict]) -> list[str]:
     """Axis names whose value differs between the trials that have them, in first-seen order.
 
@@ -80,6 +111,7 @@ def group_label(row: dict, axes: list[str]) -> str:
     return ", ".join(parts) or str(row.get("family", "all"))
 
 
+@per_rows
 def group_labels(rows: list[dict], axes: list[str]) -> list[str]:
     """``group_label`` of each row, worked out once per distinct axes dict and family."""
     seen: dict[tuple, str] = {}
@@ -99,6 +131,7 @@ def arm_colours(rows: list[dict]) -> dict[str, str]:
     return {label: PALETTE[i % len(PALETTE)] for i, label in enumerate(labels)}
 
 
+@per_rows
 def sample_rows(rows: list[dict], limit: int = MAX_POINTS, keep: set[str] = frozenset()) -> list[dict]:
     """Every row up to ``limit``; past it the rows whose trial is in ``keep``
     (the front), each arm's best, then a sample of the rest up to ``limit``, in
@@ -106,15 +139,27 @@ def sample_rows(rows: list[dict], limit: int = MAX_POINTS, keep: set[str] = froz
     is the same on every redraw whatever order the rows come in."""
     if len(rows) <= limit:
         return rows
-    axes = varying_axes(rows)
-    best: dict[str, dict] = {}
-    for row, label in zip(rows, group_labels(rows, axes)):
-        if label not in best or row["val_loss"] < best[label]["val_loss"]:
-            best[label] = row
-    chosen = {r["trial_id"] for r in rows if r["trial_id"] in keep} | {r["trial_id"] for r in best.values()}
-    rest = sorted((r["trial_id"] for r in rows if r["trial_id"] not in chosen), key=_rank)
-    chosen.update(rest[:max(limit - len(chosen), 0)])
+    chosen = {r["trial_id"] for r in rows if r["trial_id"] in keep}
+    chosen |= {r["trial_id"] for r in arm_bests(rows).values()}
+    rest = (t for t in _rank_order(rows) if t not in chosen)
+    chosen.update(itertools.islice(rest, max(limit - len(chosen), 0)))
     return [r for r in rows if r["trial_id"] in chosen]
+
+
+@per_rows
+def arm_bests(rows: list[dict], y: str = "val_loss") -> dict[str, dict]:
+    """Each arm's row of lowest ``y`` (the first of equals), by arm label, best first."""
+    best: dict[str, dict] = {}
+    for row, label in zip(rows, group_labels(rows, varying_axes(rows))):
+        if label not in best or row[y] < best[label][y]:
+            best[label] = row
+    return dict(sorted(best.items(), key=lambda item: item[1][y]))
+
+
+@per_rows
+def _rank_order(rows: list[dict]) -> list[str]:
+    """Every trial id, in the order of their hash rank (``_rank``)."""
+    return sorted((r["trial_id"] for r in rows), key=_rank)
 
 
 def _rank(trial_id) -> int:
@@ -186,31 +231,40 @@ def scaling_figure(rows: list[dict], *, x: str = "params", y: str = "val_loss", 
 
 def _add_fit(fig: go.Figure, fit, *, name: str, colour: str, legend: bool) -> None:
     """A fitted law's line and confidence band, in ``colour``, grouped with ``name`` in the legend."""
-    grid, predictions = _band(fit)
-    band = [*[p.loss.high for p in predictions], *[p.loss.low for p in predictions][::-1]]
+    grid, (value, low, high) = _band(fit)
     alpha = fit.estimates["alpha"]
-    fig.add_trace(go.Scatter(x=[*grid, *grid[::-1]], y=band, fill="toself", mode="lines", line=dict(width=0),
-                             fillcolor=colour, opacity=0.18, legendgroup=name, showlegend=False,
-                             hoverinfo="skip", name=f"{name} band"))
+    if low is not None:  # no band without a bootstrap
+        fig.add_trace(go.Scatter(x=[*grid, *grid[::-1]], y=[*high, *low[::-1]], fill="toself", mode="lines",
+                                 line=dict(width=0), fillcolor=colour, opacity=0.18, legendgroup=name,
+                                 showlegend=False, hoverinfo="skip", name=f"{name} band"))
     fig.add_trace(go.Scatter(
-        x=grid, y=[p.loss.value for p in predictions], mode="lines", line=dict(color=colour, dash="dot"),
+        x=grid, y=value, mode="lines", line=dict(color=colour, dash="dot"),
         legendgroup=name, showlegend=legend, name=name if legend else f"{name} fit",
         hovertemplate=f"{name}<br>E + A/N^α: α={alpha.value:.3f}, E={fit.estimates['E'].value:.3f}"
                       "<br>N=%{x:,.0f}: %{y:.4f}<extra></extra>"))
 
 
-# Fits are the slow part of a refresh; the app redraws every few seconds, so
-# each arm's fit is kept for as long as its points stay the same.
+# The app redraws every few seconds, so each arm's fit is kept for as long as
+# its points stay the same; a long-running app keeps the latest MAX_KEPT_FITS
+# (each trial that finishes changes its arm's points).
 _FIT_CACHE: dict[tuple, object] = {}
+MAX_KEPT_FITS = 500
 
 
-def _band(fit) -> tuple[np.ndarray, list]:
-    """The grid a fit is drawn on and its predictions there (with their
-    bootstrap intervals), kept as long as the fit is."""
+def _keep(cache: dict, key, value) -> None:
+    """``cache[key] = value``, dropping the oldest entries past ``MAX_KEPT_FITS``."""
+    cache[key] = value
+    while len(cache) > MAX_KEPT_FITS:
+        del cache[next(iter(cache))]
+
+
+def _band(fit) -> tuple[np.ndarray, tuple]:
+    """The grid a fit is drawn on and its loss there with the bootstrap
+    interval's ends (``ScalingFit.band``), kept as long as the fit is."""
     if id(fit) not in _BANDS or _BANDS[id(fit)][0] is not fit:
         low, high = fit.ranges["N"]
         grid = np.geomspace(low, 2 * high, 30)
-        _BANDS[id(fit)] = (fit, grid, [fit.predict(N=float(n)) for n in grid])
+        _keep(_BANDS, id(fit), (fit, grid, fit.band(grid)))
     return _BANDS[id(fit)][1:]
 
 
@@ -220,20 +274,22 @@ _BANDS: dict[int, tuple] = {}
 def _fits(groups: dict[str, list[dict]], *, x: str, y: str, bootstrap: int) -> dict[str, object]:
     out = {}
     for label, members in groups.items():
-        members = [r for r in members if r.get(y) is not None]
+        # as fit_scaling does: trials without a finite loss are left out
+        members = [r for r in members if r.get(y) is not None and math.isfinite(r[y]) and math.isfinite(r[x])]
         if len(members) > MAX_FIT_POINTS:  # a fixed sample, as in ``sample_rows``
-            members = sorted(members, key=lambda r: _rank(r["trial_id"]))[:MAX_FIT_POINTS]
+            members = heapq.nsmallest(MAX_FIT_POINTS, members, key=lambda r: _rank(r["trial_id"]))
         points = tuple(sorted((float(r[x]), float(r[y])) for r in members))
         if len(points) < 4 or len({n for n, _ in points}) < 3:  # L(N) has 3 parameters
             continue
         key = (points, bootstrap)
         if key not in _FIT_CACHE:
             try:
-                fits = fit_scaling({"N": [n for n, _ in points], "loss": [v for _, v in points]}, laws=("N",),
-                                   by=None, loss_col="loss", n_col="N", d_col=None, bootstrap=bootstrap)
-                _FIT_CACHE[key] = fits.fits[0]
+                # grid=False: a scan over alpha finds the grid's optimum, some 40x faster (docs/performance.md)
+                sizes, losses = np.array(points).T
+                fit = fit_law({"N": sizes}, losses, "N", bootstrap=bootstrap, grid=False)
             except ValueError:  # too few distinct sizes, or sizes that do not identify the law
-                _FIT_CACHE[key] = None
+                fit = None
+            _keep(_FIT_CACHE, key, fit)
         if _FIT_CACHE[key] is not None:
             out[label] = _FIT_CACHE[key]
     return out
@@ -337,23 +393,20 @@ def comparison_figure(rows: list[dict], *, y: str = "val_loss") -> go.Figure:
     The y axis spans the values (not from zero), since arms often differ by a
     few percent; hover gives each bar's difference from the best arm at its target.
     """
-    axes = varying_axes(rows)
-    best_of: dict[str, float] = {}
-    labels_of = dict(zip((r["trial_id"] for r in rows), group_labels(rows, axes)))
-    for row in rows:
-        label = labels_of[row["trial_id"]]
-        best_of[label] = min(best_of.get(label, row[y]), row[y])
-    labels = sorted(best_of, key=best_of.get)
+    labels = list(arm_bests(rows, y))
     targets = sorted({r["target"] for r in rows})
     # Budgets on a ladder get a bar each; a sampled study (a budget per trial) gets each arm's best.
     ladder = len(targets) <= MAX_TARGETS
-    fig = go.Figure()
-    for i, target in enumerate(targets if ladder else [None]):
-        at = {}
-        for row in rows if target is None else [r for r in rows if r["target"] == target]:
-            label = labels_of[row["trial_id"]]
+    by_target: dict[float | None, dict[str, dict]] = {None: arm_bests(rows, y)}  # target -> arm -> its best
+    if ladder:
+        by_target = defaultdict(dict)
+        for row, label in zip(rows, group_labels(rows, varying_axes(rows))):
+            at = by_target[row["target"]]
             if label not in at or row[y] < at[label][y]:
                 at[label] = row
+    fig = go.Figure()
+    for i, target in enumerate(targets if ladder else [None]):
+        at = by_target[target]
         best = min(r[y] for r in at.values())
         fig.add_trace(go.Bar(
             x=[text(label) for label in labels], y=[at[label][y] if label in at else None for label in labels],

@@ -5,6 +5,7 @@ plotly.js is inlined once; every figure is interactive (zoom, hover, toggle).
 
 from __future__ import annotations
 
+import heapq
 import html
 import json
 from datetime import datetime, timezone
@@ -13,6 +14,7 @@ from pathlib import Path
 import plotly.graph_objects as go
 from archsearch_dashboards.figures import (
     MAX_CURVE_POINTS,
+    arm_bests,
     comparison_figure,
     curves_figure,
     decoded,
@@ -25,7 +27,7 @@ from archsearch_dashboards.figures import (
     varying_axes,
 )
 
-from archsearch.analysis import pareto_front
+from archsearch.analysis import completed_trials, pareto_front
 from archsearch.store import Store
 
 DEFAULT_OBJECTIVES = [("val_loss", "min"), ("params", "min")]
@@ -33,18 +35,18 @@ DEFAULT_OBJECTIVES = [("val_loss", "min"), ("params", "min")]
 MAX_CURVES = 60
 # The trials table lists the front and at most this many of each arm's best; a line counts the rest.
 MAX_TABLE_PER_ARM = 20
-# Columns the views never read, left in the store.
-UNREAD = ("recipe", "data", "created_at", "seed", "train_loss", "val_accuracy", "steps", "tokens", "wall_time_s")
+# Columns the views never read, left in the store (each would be 100,000 dict
+# entries per redraw at the large end).
+UNREAD = ("recipe", "data", "created_at", "finished_at", "seed", "train_loss", "val_accuracy", "steps", "tokens",
+          "wall_time_s", "attempts", "error", "code_version", "status", "sweep_group", "sweep_best")
 
 
 def completed_rows(store: Store, study: str | None) -> list[dict]:
     """Completed trials of ``study`` (or all), with ``axes`` decoded; of a
     learning-rate sweep only each arm's best run. ``spec`` stays JSON text
     until a view needs it (``figures.decoded``): most rows never do."""
-    table = store.trials(study)
-    table = table.drop_columns([c for c in UNREAD if c in table.column_names])
-    rows = [r for r in table.to_pylist()
-            if r["status"] == "completed" and (r["sweep_group"] is None or r["sweep_best"])]
+    table = completed_trials(store, study)
+    rows = table.drop_columns([c for c in UNREAD if c in table.column_names]).to_pylist()
     axes: dict[str, dict] = {}  # arms repeat their axes: decode each text once
     for row in rows:
         text = row["axes"]
@@ -67,12 +69,8 @@ def curve_trials(rows: list[dict], limit: int = MAX_CURVES) -> list[str]:
     else the best of each arm first, then the next best overall."""
     if len(rows) <= limit:
         return [r["trial_id"] for r in rows]
-    axes = varying_axes(rows)
-    ranked = sorted(rows, key=lambda r: r["val_loss"])
-    best: dict[str, str] = {}
-    for row, label in zip(ranked, group_labels(ranked, axes)):
-        best.setdefault(label, row["trial_id"])
-    chosen = list(best.values())[:limit]
+    chosen = [r["trial_id"] for r in arm_bests(rows).values()][:limit]
+    ranked = heapq.nsmallest(limit, rows, key=lambda r: r["val_loss"])  # sorted(...)[:limit], in one pass
     rest = [r["trial_id"] for r in ranked if r["trial_id"] not in set(chosen)]
     return chosen + rest[:limit - len(chosen)]
 

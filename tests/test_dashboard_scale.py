@@ -108,3 +108,51 @@ def test_the_trials_table_lists_the_front_and_each_arms_best_and_counts_the_rest
     assert [r["trial"] for r in table] == [r["trial_id"] for r in listed]
     assert f"{len(rows) - len(listed):,} more trials left out" in page
     assert "left out" not in _table(generated(30))
+
+
+def test_one_redraw_works_each_arm_out_once(monkeypatch):
+    """Every view of a redraw reads the arms of one list of rows: their labels
+    are worked out once for it (``figures.per_rows``), not once per view, and
+    each arm's fit once per app (kept while its points stay the same).
+    Fails on the mutation that makes ``per_rows`` return ``function`` unwrapped."""
+    from archsearch_dashboards import figures
+    from archsearch_dashboards.report import views
+
+    monkeypatch.setattr(figures, "_FIT_CACHE", {})
+    rows = generated(3000, seed=4)
+    labels, fits = [], []
+    label_of, fit_law = figures.group_label, figures.fit_law
+    monkeypatch.setattr(figures, "group_label", lambda row, axes: labels.append(1) or label_of(row, axes))
+    monkeypatch.setattr(figures, "fit_law", lambda *a, **k: fits.append(1) or fit_law(*a, **k))
+    views(rows, [])
+    arms = len({group_label(r, varying_axes(rows)) for r in rows})
+    assert len(labels) <= 2 * arms and len(fits) == arms
+    labels.clear()
+    fits.clear()
+    views(rows[:], [])  # the next redraw: a new list, the same trials
+    assert len(labels) <= 2 * arms and not fits
+
+
+def test_a_list_of_rows_that_grows_is_worked_out_again():
+    rows = generated(20)
+    assert varying_axes(rows) == ["family", "taper.shape"]
+    one_family = [r for r in rows if r["family"] == "mamba"]
+    assert varying_axes(one_family) == ["taper.shape"]
+    one_family.append(next(r for r in rows if r["family"] == "transformer"))
+    assert varying_axes(one_family) == ["family", "taper.shape"]
+
+
+def test_a_long_running_app_keeps_only_the_latest_fits(monkeypatch):
+    """Each trial that finishes changes its arm's points and so its fit; the
+    app keeps the latest ``MAX_KEPT_FITS`` fits and their bands, not every one."""
+    from archsearch_dashboards import figures
+
+    monkeypatch.setattr(figures, "_FIT_CACHE", {})
+    monkeypatch.setattr(figures, "_BANDS", {})
+    monkeypatch.setattr(figures, "MAX_KEPT_FITS", 3)
+    rows = generated(60, seed=5)
+    for count in range(40, 60, 2):  # a study that grows, redrawn after each new pair of trials
+        scaling_figure(rows[:count], bootstrap=5)
+    assert len(figures._FIT_CACHE) == 3 and len(figures._BANDS) == 3
+    latest = scaling_figure(rows, bootstrap=5)
+    assert any(trace.name.endswith(" band") for trace in latest.data)

@@ -73,8 +73,9 @@ def test_report_lists_completed_trials_marks_the_front_and_keeps_each_sweeps_bes
     the other two sweep runs and a failed trial appear nowhere on the page.
     Rows come best first, with the store's params, match error, widths and
     loss; "yes" marks exactly the hand-computed front. Fails on the mutations
-    that drop the sweep-best filter in ``completed_rows`` (``and (... or
-    r["sweep_best"])`` removed) and that mark every row on the front in ``_table``."""
+    that drop the sweep-best filter that ``completed_rows`` reads through
+    (``analysis.completed_trials``: ``counted`` left out of its filter) and
+    that mark every row on the front in ``_table``."""
     plain = {"small": (1000, 3.0, "uniform"), "large": (2000, 2.5, "cosine"), "dominated": (3000, 2.7, "reverse")}
     sweep = {"sweep-lr-lo": 2.8, "sweep-lr-mid": 2.6, "sweep-lr-hi": 2.9}
     with A.open_store(tmp_path / "s.duckdb") as store:

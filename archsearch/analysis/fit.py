@@ -20,11 +20,21 @@ Intervals come from a pairs bootstrap: resample the points, refit from the
 full-data optimum (at the same tolerances), and take percentiles of every
 parameter, of predicted losses (confidence interval of the law) and of
 predicted losses plus a resampled log residual (prediction interval).
+
+The one-term laws take every start and every resample at once
+(``batched.minimise``: the same objective, Newton steps over arrays, the same
+ftol stopping rule) and, without the grid, start from a scan over alpha
+(``batched.profile_starts``); together some 40x faster than L-BFGS from the
+grid on the dashboard's fits (docs/performance.md), which lets it draw its
+bands as it opens. L(N, D) keeps L-BFGS.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
+import sys
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +49,7 @@ GRID_EXPONENT = (0.0, 0.5, 1.0, 1.5, 2.0)
 # L-BFGS-B stopping rules: relative change of the objective and largest
 # projected gradient component. See the module docstring for why so tight.
 FTOL, GTOL, MAX_ITER = 1e-15, 1e-12, 10_000
+SOLVERS = ("auto", "lbfgs")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -146,12 +157,27 @@ class ScalingFit:
         if not len(self.draws):
             return Prediction(at=at, loss=Estimate(value=value), prediction_low=None, prediction_high=None,
                               extrapolated=extrapolated)
-        log_draws = np.array([_log_loss(theta, log_x)[0] for theta in self.draws])
+        log_draws = _log_loss_of_draws(self.draws, log_x)[:, 0]
         noise = np.random.default_rng(0).choice(self.residuals, size=len(log_draws))
         low, high = _interval(np.exp(log_draws), self.level)
         prediction_low, prediction_high = _interval(np.exp(log_draws + noise), self.level)
         return Prediction(at=at, loss=Estimate(value=value, low=low, high=high), prediction_low=prediction_low,
                           prediction_high=prediction_high, extrapolated=extrapolated)
+
+    def band(self, points: Any) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """A one-variable law (L(N), L(C)) at each of ``points``: the loss and
+        its confidence interval's low and high ends, [points] each (None
+        without a bootstrap); what ``predict`` gives at each point, at once."""
+        if len(self.law.variables) != 1:
+            raise ValueError(f"{self.law.name} has {len(self.law.variables)} variables; predict it point by point")
+        log_x = np.log(np.asarray(points, dtype=float))[None, :]  # [variables, points]
+        value = np.exp(_log_loss(self.theta, log_x))
+        if not len(self.draws):
+            return value, None, None
+        losses = np.nan_to_num(np.exp(_log_loss_of_draws(self.draws, log_x)), nan=np.inf,
+                               posinf=np.finfo(float).max)  # as in _interval
+        low, high = np.quantile(losses, [(1 - self.level) / 2, (1 + self.level) / 2], axis=0)
+        return value, low, high
 
     def to_dict(self) -> dict:
         return {"group": self.group, "law": self.law.name, "formula": self.law.formula, "points": self.points,
@@ -162,38 +188,93 @@ class ScalingFit:
 
 
 def fit_law(variables: dict[str, Any], loss: Any, law: str | Law = "ND", *, group: str = "all",
-            bootstrap: int = 200, level: float = 0.95, seed: int = 0, grid: bool = True) -> ScalingFit:
+            bootstrap: int = 200, level: float = 0.95, seed: int = 0, grid: bool = True,
+            solver: str = "auto") -> ScalingFit:
     """Fit ``law`` to positive ``variables`` (``{"N": ..., "D": ...}``) and ``loss`` (1-D arrays).
 
-    ``grid=False`` starts once from the middle of the grid instead of from
-    every grid point (for quick looks; the published numbers need the grid).
+    ``grid=False`` starts once instead of from every grid point: L(N, D)
+    from the middle of the grid (for quick looks; the published numbers need
+    the grid), a one-term law from a scan over its exponent (``batched.
+    profile_starts``, which finds the grid's optimum at a fraction of the cost).
+    ``solver``: ``auto`` fits the one-term laws (L(N), L(C)) with every start
+    and every bootstrap resample at once (``batched``: the same objective and
+    stopping rule, L-BFGS finishing any fit it leaves unconverged) and L(N, D)
+    with L-BFGS; ``lbfgs`` fits every law with L-BFGS, one fit at a time.
     Raises a one-line ValueError when there are too few points or a variable
     does not vary enough to identify the law.
     """
     law = law_named(law) if isinstance(law, str) else law
+    if solver not in SOLVERS:
+        raise ValueError(f"unknown solver '{solver}'; choose from {', '.join(SOLVERS)}")
     loss = np.asarray(loss, dtype=float)
     log_x = np.log(np.stack([np.asarray(variables[v], dtype=float) for v in law.variables]))
     _check_identifiable(law, group, log_x, loss)
-    objective = _HuberObjective(log_x, np.log(loss))
-    starts = list(_grid(law)) if grid else [_grid_middle(law)]
-    import scipy.optimize  # noqa: F401  (loaded before the limit below, which applies to loaded libraries)
-    from threadpoolctl import threadpool_limits
-
-    # L-BFGS works on 5x5 matrices; a threaded BLAS only spins on them (30x slower on a busy machine).
-    with threadpool_limits(limits=1, user_api="blas"):
-        results = [_minimise(objective, start) for start in starts]
-        best = min(results, key=lambda r: r.fun)
-        rng = np.random.default_rng(seed)
-        draws = []
-        for _ in range(bootstrap):
-            sample = rng.integers(0, len(loss), len(loss))
-            draws.append(_minimise(_HuberObjective(log_x[:, sample], np.log(loss[sample])), best.x).x)
-    residuals = np.log(loss) - _log_loss(best.x, log_x)
+    log_loss = np.log(loss)
+    starts = np.array(list(_grid(law))) if grid else _single_starts(law, log_x, log_loss)
+    rng = np.random.default_rng(seed)
+    samples = np.array([rng.integers(0, len(loss), len(loss)) for _ in range(bootstrap)], dtype=int)
+    at_once = solver == "auto" and len(law.variables) == 1
+    with _one_blas_thread(scipy=not at_once):
+        fits = _fits_batched if at_once else _fits_lbfgs
+        theta, value, converged, draws = fits(log_x, log_loss, starts, samples.reshape(bootstrap, len(loss)))
+    residuals = log_loss - _log_loss(theta, log_x)
     ranges = {v: (float(np.exp(row.min())), float(np.exp(row.max()))) for v, row in zip(law.variables, log_x)}
-    return ScalingFit(law=law, group=group, points=len(loss), theta=best.x,
-                      draws=np.array(draws).reshape(len(draws), len(best.x)), residuals=residuals,
-                      huber_loss=float(best.fun), level=level, ranges=ranges, starts=len(starts),
-                      converged=bool(best.success))
+    return ScalingFit(law=law, group=group, points=len(loss), theta=theta, draws=draws, residuals=residuals,
+                      huber_loss=value, level=level, ranges=ranges, starts=len(starts), converged=converged)
+
+
+def _fits_lbfgs(log_x: np.ndarray, log_loss: np.ndarray, starts: np.ndarray, samples: np.ndarray):
+    """The best of L-BFGS from each start, and L-BFGS from it on each resample
+    (rows of point indices): (theta, its loss, converged, draws [resamples, parameters])."""
+    best = min((_minimise(_HuberObjective(log_x, log_loss), start) for start in starts), key=lambda r: r.fun)
+    draws = np.array([_minimise(_HuberObjective(log_x[:, rows], log_loss[rows]), best.x).x for rows in samples])
+    return best.x, float(best.fun), bool(best.success), draws.reshape(len(samples), len(best.x))
+
+
+def _fits_batched(log_x: np.ndarray, log_loss: np.ndarray, starts: np.ndarray, samples: np.ndarray):
+    """What ``_fits_lbfgs`` returns, for a one-term law: every start at once,
+    then every resample at once; L-BFGS finishes the fits left unconverged."""
+    from archsearch.analysis import batched
+
+    log_x_P = log_x[0]
+    thetas, values, done = batched.minimise(np.broadcast_to(log_x_P, (len(starts), log_x_P.size)),
+                                            np.broadcast_to(log_loss, (len(starts), log_loss.size)), starts,
+                                            delta=HUBER_DELTA, ftol=FTOL)
+    best = int(np.argmin(values))
+    theta, value, converged = thetas[best], float(values[best]), bool(done[best])
+    if not converged:
+        with _one_blas_thread(scipy=True):
+            result = _minimise(_HuberObjective(log_x, log_loss), theta)
+        theta, value, converged = result.x, float(result.fun), bool(result.success)
+    draws, _, done = batched.minimise(log_x_P[samples], log_loss[samples], np.tile(theta, (len(samples), 1)),
+                                      delta=HUBER_DELTA, ftol=FTOL)
+    if not done.all():
+        with _one_blas_thread(scipy=True):
+            for i in np.flatnonzero(~done):
+                rows = samples[i]
+                draws[i] = _minimise(_HuberObjective(log_x[:, rows], log_loss[rows]), draws[i]).x
+    return theta, value, converged, draws
+
+
+@contextmanager
+def _one_blas_thread(*, scipy: bool):
+    """BLAS on one thread: the fits work on 3x3 to 5x5 matrices, where a threaded
+    BLAS only spins (30x slower on a busy machine). ``scipy``: load scipy first
+    (a second of imports the batched fits do without), since the limit applies
+    to the libraries loaded when it is set."""
+    if scipy:
+        import scipy.optimize  # noqa: F401
+    with _blas_libraries("scipy.optimize" in sys.modules).limit(limits=1, user_api="blas"):
+        yield
+
+
+@functools.cache
+def _blas_libraries(scipy_loaded: bool):
+    """The loaded BLAS libraries, found once (a search of the process's shared
+    libraries, 15 ms a fit on a busy machine otherwise); again once scipy has brought its own."""
+    from threadpoolctl import ThreadpoolController
+
+    return ThreadpoolController()
 
 
 def compute_multiplier(baseline: ScalingFit, other: ScalingFit, compute: float) -> dict:
@@ -264,6 +345,15 @@ def _log_loss(theta: np.ndarray, log_x: np.ndarray) -> np.ndarray:
     return top + np.log(np.exp(terms - top).sum(axis=0))
 
 
+def _log_loss_of_draws(thetas: np.ndarray, log_x: np.ndarray) -> np.ndarray:
+    """``_log_loss`` of each row of ``thetas`` [draws, parameters] at ``log_x`` [variables, points]: [draws, points]."""
+    k = log_x.shape[0]
+    terms = np.concatenate([np.broadcast_to(thetas[:, None, :1], (len(thetas), log_x.shape[1], 1)),
+                            (thetas[:, None, 1:1 + k] - thetas[:, None, 1 + k:] * log_x.T[None])], axis=2)
+    top = terms.max(axis=2)  # [draws, points]; terms [draws, points, terms]
+    return top + np.log(np.exp(terms - top[..., None]).sum(axis=2))
+
+
 def _natural(thetas: np.ndarray) -> np.ndarray:
     """Log form (e, log coefficients, exponents) -> (E, coefficients, exponents)."""
     k = (thetas.shape[1] - 1) // 2
@@ -276,6 +366,17 @@ def _grid(law: Law):
     k = len(law.variables)
     for e, *rest in itertools.product(GRID_LOG_E, *[GRID_LOG_COEFFICIENT] * k, *[GRID_EXPONENT] * k):
         yield np.array([e, *rest])
+
+
+def _single_starts(law: Law, log_x: np.ndarray, log_loss: np.ndarray) -> np.ndarray:
+    """The starts without a grid: a one-term law's profile scan (the middle of the grid where it finds none)."""
+    if len(law.variables) == 1:
+        from archsearch.analysis import batched
+
+        starts = batched.profile_starts(log_x[0], log_loss, delta=HUBER_DELTA)
+        if len(starts):
+            return starts
+    return _grid_middle(law)[None, :]
 
 
 def _grid_middle(law: Law) -> np.ndarray:
