@@ -6,11 +6,11 @@ before triton is imported), on tiny shapes; bf16 is checked on a GPU only (the i
 multiplies bf16 `tl.dot` inputs wrongly). Every buffer the kernels allocate starts as NaN
 (the `triton_kernels` fixture), so an element left unwritten fails.
 
-Planted mutations these tests catch (each tried once by hand): `_bwd_states` without the
-`exp(G_end) * ds` decay of the state gradient (every multi-chunk case fails on grad
-initial_state / grad q); `_bwd_chunk` without the UT inverse's log-decay term `d_log = dM ...`
-in dG (grad g fails in every case with T > 1); `_fwd_states` storing the state after the chunk
-instead of before it (output fails).
+Planted mutations these tests catch (each tried by hand): `_bwd_states` without the
+`exp(G_end) * ds` decay of the state gradient (six fail, on grad k or grad initial_state);
+`_bwd_chunk` without the UT inverse's log-decay term (`d_log = dM * ...`) in dG (five fail,
+on grad g); `_fwd_states` storing each chunk's state after the chunk instead of before it
+(seven fail, on the output).
 
 Dimensions: B batch, T time, H heads, K key dim, V value dim, L chunk length.
 """
