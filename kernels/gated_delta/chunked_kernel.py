@@ -49,12 +49,13 @@ CHUNK = 64
 
 @triton.jit
 def _gates(g_ptr, beta_ptr, b, h, start, T, H, L: tl.constexpr):
-    """Steps of this chunk, their mask, G (log decay from the chunk start, inclusive) and beta."""
+    """Steps of this chunk, their mask, G (log decay from the chunk start, inclusive), its last
+    entry G_L (the whole chunk's decay; padded steps add 0) and beta."""
     t = start + tl.arange(0, L)
     mask_t = t < T
     g = tl.load(g_ptr + (b * T + t) * H + h, mask=mask_t, other=0.0)
     beta = tl.load(beta_ptr + (b * T + t) * H + h, mask=mask_t, other=0.0)
-    return t, mask_t, tl.cumsum(g, axis=0), beta
+    return t, mask_t, tl.cumsum(g, axis=0), tl.sum(g, axis=0), beta
 
 
 @triton.jit
@@ -75,6 +76,17 @@ def _state_offsets(bh, c, num_chunks, kk, vv, K, V):
     """Offsets and mask of the [BK, BV] block of chunk c's state in a [B, H, J, K, V] buffer."""
     offsets = ((bh * num_chunks + c) * K + kk[:, None]) * V + vv[None, :]
     return offsets, (kk < K)[:, None] & (vv < V)[None, :]
+
+
+@triton.jit
+def _first_state(ptr, bh, kk, vv, K, V, LOAD: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """Offsets and mask of a [B, H, K, V] state's block, and the block (zeros unless LOAD)."""
+    offsets, mask_kv = _state_offsets(bh, 0, 1, kk, vv, K, V)
+    if LOAD:
+        s = tl.load(ptr + offsets, mask=mask_kv, other=0.0).to(tl.float32)
+    else:
+        s = tl.zeros([BK, BV], dtype=tl.float32)
+    return offsets, mask_kv, s
 
 
 @triton.jit
@@ -115,7 +127,7 @@ def _fwd_prepare(k_ptr, v_ptr, g_ptr, beta_ptr, wk_ptr, u_ptr, T, H, K, V,
                  L: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr):
     bh = tl.program_id(0).to(tl.int64)
     b, h = bh // H, bh % H
-    t, mask_t, G, beta = _gates(g_ptr, beta_ptr, b, h, tl.program_id(1) * L, T, H, L)
+    t, mask_t, G, _, beta = _gates(g_ptr, beta_ptr, b, h, tl.program_id(1) * L, T, H, L)
     kk_ = tl.arange(0, BK)
     k = _rows(k_ptr, b, h, t, mask_t, kk_, K, T, H)
     inverse, _ = _ut_transform(k, G, beta, L, PRECISION)
@@ -137,16 +149,11 @@ def _fwd_states(k_ptr, g_ptr, beta_ptr, wk_ptr, u_ptr, h0_ptr, states_ptr, w_ptr
     b, h = bh // H, bh % H
     kk_ = tl.arange(0, BK)
     vv = tl.program_id(1) * BV + tl.arange(0, BV)
-    first, mask_kv = _state_offsets(bh, 0, 1, kk_, vv, K, V)
-    if HAS_INIT:
-        s = tl.load(h0_ptr + first, mask=mask_kv, other=0.0).to(tl.float32)
-    else:
-        s = tl.zeros([BK, BV], dtype=tl.float32)
+    first, mask_kv, s = _first_state(h0_ptr, bh, kk_, vv, K, V, HAS_INIT, BK, BV)
     for c in range(0, num_chunks):
         offsets, _ = _state_offsets(bh, c, num_chunks, kk_, vv, K, V)
         tl.store(states_ptr + offsets, s, mask=mask_kv)
-        t, mask_t, G, _ = _gates(g_ptr, beta_ptr, b, h, c * L, T, H, L)
-        G_end = tl.sum(tl.where(tl.arange(0, L) == L - 1, G, 0.0), axis=0)
+        t, mask_t, G, G_end, _ = _gates(g_ptr, beta_ptr, b, h, c * L, T, H, L)
         w = _rows(u_ptr, b, h, t, mask_t, vv, V, T, H) - tl.dot(
             _rows(wk_ptr, b, h, t, mask_t, kk_, K, T, H), s, input_precision=PRECISION)
         _store_rows(w_ptr, w, b, h, t, mask_t, vv, V, T, H)
@@ -163,7 +170,7 @@ def _fwd_output(q_ptr, k_ptr, g_ptr, beta_ptr, states_ptr, w_ptr, o_ptr, T, H, K
     c = tl.program_id(1)
     kk_ = tl.arange(0, BK)
     vv = tl.program_id(2) * BV + tl.arange(0, BV)
-    t, mask_t, G, _ = _gates(g_ptr, beta_ptr, b, h, c * L, T, H, L)
+    t, mask_t, G, _, _ = _gates(g_ptr, beta_ptr, b, h, c * L, T, H, L)
     q = _rows(q_ptr, b, h, t, mask_t, kk_, K, T, H)
     k = _rows(k_ptr, b, h, t, mask_t, kk_, K, T, H)
     A = tl.dot(q, tl.trans(k), input_precision=PRECISION) * _decay(G, L, False)
@@ -183,18 +190,13 @@ def _bwd_states(q_ptr, k_ptr, g_ptr, beta_ptr, wk_ptr, do_ptr, dlast_ptr, dstate
     b, h = bh // H, bh % H
     kk_ = tl.arange(0, BK)
     vv = tl.program_id(1) * BV + tl.arange(0, BV)
-    first, mask_kv = _state_offsets(bh, 0, 1, kk_, vv, K, V)
-    if HAS_DLAST:
-        ds = tl.load(dlast_ptr + first, mask=mask_kv, other=0.0).to(tl.float32)
-    else:
-        ds = tl.zeros([BK, BV], dtype=tl.float32)
+    first, mask_kv, ds = _first_state(dlast_ptr, bh, kk_, vv, K, V, HAS_DLAST, BK, BV)
     for c_back in range(0, num_chunks):
         c = num_chunks - 1 - c_back
         # dstates[c]: the gradient of the state leaving chunk c
         offsets, _ = _state_offsets(bh, c, num_chunks, kk_, vv, K, V)
         tl.store(dstates_ptr + offsets, ds, mask=mask_kv)
-        t, mask_t, G, _ = _gates(g_ptr, beta_ptr, b, h, c * L, T, H, L)
-        G_end = tl.sum(tl.where(tl.arange(0, L) == L - 1, G, 0.0), axis=0)
+        t, mask_t, G, G_end, _ = _gates(g_ptr, beta_ptr, b, h, c * L, T, H, L)
         q = _rows(q_ptr, b, h, t, mask_t, kk_, K, T, H)
         k = _rows(k_ptr, b, h, t, mask_t, kk_, K, T, H)
         do = _rows(do_ptr, b, h, t, mask_t, vv, V, T, H)
@@ -217,10 +219,8 @@ def _bwd_chunk(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, states_ptr, dstates_ptr, w_
     c = tl.program_id(1)
     kk_ = tl.arange(0, BK)
     rows = tl.arange(0, L)
-    t, mask_t, G, beta = _gates(g_ptr, beta_ptr, b, h, c * L, T, H, L)
-    gamma = tl.exp(G)
-    gamma_end = tl.sum(tl.where(rows == L - 1, gamma, 0.0), axis=0)
-    to_end = tl.exp(tl.sum(tl.where(rows == L - 1, G, 0.0), axis=0) - G)
+    t, mask_t, G, G_end, beta = _gates(g_ptr, beta_ptr, b, h, c * L, T, H, L)
+    gamma, gamma_end, to_end = tl.exp(G), tl.exp(G_end), tl.exp(G_end - G)
     q = _rows(q_ptr, b, h, t, mask_t, kk_, K, T, H)
     k = _rows(k_ptr, b, h, t, mask_t, kk_, K, T, H)
     inverse, kk = _ut_transform(k, G, beta, L, PRECISION)
