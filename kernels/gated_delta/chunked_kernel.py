@@ -45,6 +45,12 @@ import triton
 import triton.language as tl
 
 CHUNK = 64
+# launch settings, not yet measured on a GPU (benchmarks/bench_kernels_gpu.py): the per-chunk
+# backward holds five [L, BK] and six [L, L] fp32 tiles, hence 8 warps, and loads six tiles
+# per value block, so no software pipelining (at L 64, K 128 a second stage of those loads
+# alone would take about 130 KB of shared memory); the two loops over chunks keep 2 stages
+LAUNCH = dict(prepare=dict(num_warps=4), states=dict(num_warps=4, num_stages=2), output=dict(num_warps=4),
+              chunk=dict(num_warps=8, num_stages=1))
 
 
 @triton.jit
@@ -277,7 +283,7 @@ def _bwd_chunk(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, states_ptr, dstates_ptr, w_
     # T = (I + M)^-1: dM = -T^T dT T^T on the strictly lower part, M = beta_l exp(G_l - G_s) k_l . k_s
     dM = -tl.dot(tl.dot(tl.trans(inverse), dT, input_precision=PRECISION), tl.trans(inverse),
                  input_precision=PRECISION)
-    strict_decay = _decay(G, L, True)
+    strict_decay = tl.where(rows[:, None] > rows[None, :], decay, 0.0)
     dM = tl.where(rows[:, None] > rows[None, :], dM, 0.0)
     dbeta += tl.sum(dM * strict_decay * kk, axis=1)
     d_log = dM * beta[:, None] * strict_decay * kk
@@ -324,11 +330,11 @@ class _ChunkedGatedDeltaRule(torch.autograd.Function):
         dims = (seq_len, heads, key_dim, value_dim)
         has_init = initial_state is not None
         h0 = initial_state.contiguous() if has_init else last
-        _fwd_prepare[(batch * heads, num_chunks)](k, v, g32, beta32, wk, u, *dims, **sizes)
+        _fwd_prepare[(batch * heads, num_chunks)](k, v, g32, beta32, wk, u, *dims, **sizes, **LAUNCH["prepare"])
         _fwd_states[(batch * heads, value_blocks)](k, g32, beta32, wk, u, h0, states, w, last, *dims, num_chunks,
-                                                   HAS_INIT=has_init, **sizes)
+                                                   HAS_INIT=has_init, **sizes, **LAUNCH["states"])
         _fwd_output[(batch * heads, num_chunks, value_blocks)](q, k, g32, beta32, states, w, o, *dims, num_chunks,
-                                                               **sizes)
+                                                               **sizes, **LAUNCH["output"])
         ctx.save_for_backward(q, k, v, g32, beta32, wk, w, states)
         ctx.chunk_len, ctx.has_init, ctx.dtypes = chunk_len, has_init, (g.dtype, beta.dtype)
         ctx.init_dtype = initial_state.dtype if has_init else None
@@ -352,12 +358,12 @@ class _ChunkedGatedDeltaRule(torch.autograd.Function):
         dw = torch.empty(batch, seq_len, heads, value_dim, **f32)
         dh0 = torch.empty(batch, heads, key_dim, value_dim, **f32)
         _bwd_states[(batch * heads, value_blocks)](q, k, g32, beta32, wk, do, dlast, dstates, dw, dh0, *dims,
-                                                   num_chunks, HAS_DLAST=has_dlast, **sizes)
+                                                   num_chunks, HAS_DLAST=has_dlast, **sizes, **LAUNCH["states"])
         dq, dk = torch.empty_like(q), torch.empty_like(k)
         dv = torch.empty_like(v)
         dg, dbeta = torch.empty_like(g32), torch.empty_like(beta32)
         _bwd_chunk[(batch * heads, num_chunks)](q, k, v, g32, beta32, states, dstates, w, dw, do,
-                                                dq, dk, dv, dg, dbeta, *dims, num_chunks, **sizes)
+                                                dq, dk, dv, dg, dbeta, *dims, num_chunks, **sizes, **LAUNCH["chunk"])
         g_dtype, beta_dtype = ctx.dtypes
         dh0 = dh0.to(ctx.init_dtype) if ctx.has_init else None
         return dq, dk, dv, dg.to(g_dtype), dbeta.to(beta_dtype), dh0, None
