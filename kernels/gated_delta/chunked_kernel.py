@@ -45,11 +45,16 @@ import triton
 import triton.language as tl
 
 CHUNK = 64
-# launch settings, not yet measured on a GPU (benchmarks/bench_kernels_gpu.py): the per-chunk
-# backward holds five [L, BK] and six [L, L] fp32 tiles, hence 8 warps, and loads six tiles
-# per value block, so no software pipelining (at L 64, K 128 a second stage of those loads
-# alone would take about 130 KB of shared memory); the two loops over chunks keep 2 stages
-LAUNCH = dict(prepare=dict(num_warps=4), states=dict(num_warps=4, num_stages=2), output=dict(num_warps=4),
+# Launch settings. Not yet timed on a GPU, but compiled ahead of time for sm_90 on a CPU
+# (triton.compile with GPUTarget("cuda", 90, 32), then cuobjdump -res-usage on the cubin). At
+# L 64, K 128, tf32, with 64-wide value blocks the per-chunk backward wanted 240 KB of shared
+# memory, past the 227 KB an H100 / H200 block may have; 32-wide blocks there (`_sizes`) bring
+# the largest kernel to 176 KB. 8 warps spill less than 4 (at that size, 4 warps: 0.6 to 3.8 KB
+# of stack per kernel; 8 warps with 32-wide blocks: 0 to 2.3 KB, the most in the per-chunk
+# backward). fp32 inputs ("ieee" dots, no tensor cores) compile too but spill 6 to 14 KB: the
+# kernels are meant for bf16. The per-chunk backward loads six tiles per value block, so it is
+# not software-pipelined.
+LAUNCH = dict(prepare=dict(num_warps=8), states=dict(num_warps=8, num_stages=2), output=dict(num_warps=8),
               chunk=dict(num_warps=8, num_stages=1))
 
 
@@ -300,9 +305,11 @@ def _bwd_chunk(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, states_ptr, dstates_ptr, w_
     tl.store(dbeta_ptr + (b * T + t) * H + h, dbeta, mask=mask_t)
 
 
-def _sizes(key_dim: int, value_dim: int) -> tuple[int, int]:
-    """BK (all of K, at least tl.dot's 16) and BV."""
-    return max(16, triton.next_power_of_2(key_dim)), max(16, min(64, triton.next_power_of_2(value_dim)))
+def _sizes(key_dim: int, value_dim: int, chunk_len: int) -> tuple[int, int]:
+    """BK (all of K, at least tl.dot's 16) and BV (32 where L BK reaches 64 x 128, see LAUNCH)."""
+    block_k = max(16, triton.next_power_of_2(key_dim))
+    widest = 32 if chunk_len * block_k >= 64 * 128 else 64
+    return block_k, max(16, min(widest, triton.next_power_of_2(value_dim)))
 
 
 def _precision(dtype: torch.dtype) -> str:
@@ -316,7 +323,7 @@ class _ChunkedGatedDeltaRule(torch.autograd.Function):
         g32, beta32 = g.float().contiguous(), beta.float().contiguous()
         batch, seq_len, heads, key_dim = q.shape
         value_dim = v.shape[-1]
-        block_k, block_v = _sizes(key_dim, value_dim)
+        block_k, block_v = _sizes(key_dim, value_dim, chunk_len)
         num_chunks, value_blocks = triton.cdiv(seq_len, chunk_len), triton.cdiv(value_dim, block_v)
         precision = _precision(v.dtype)
         f32 = dict(device=q.device, dtype=torch.float32)
@@ -346,7 +353,7 @@ class _ChunkedGatedDeltaRule(torch.autograd.Function):
         batch, seq_len, heads, key_dim = q.shape
         value_dim = v.shape[-1]
         chunk_len = ctx.chunk_len
-        block_k, block_v = _sizes(key_dim, value_dim)
+        block_k, block_v = _sizes(key_dim, value_dim, chunk_len)
         num_chunks, value_blocks = triton.cdiv(seq_len, chunk_len), triton.cdiv(value_dim, block_v)
         sizes = dict(L=chunk_len, BK=block_k, BV=block_v, PRECISION=_precision(v.dtype))
         dims = (seq_len, heads, key_dim, value_dim)
