@@ -46,14 +46,14 @@ import triton.language as tl
 
 CHUNK = 64
 # Launch settings. Not yet timed on a GPU, but compiled ahead of time for sm_90 on a CPU
-# (triton.compile with GPUTarget("cuda", 90, 32), then cuobjdump -res-usage on the cubin). At
-# L 64, K 128, tf32, with 64-wide value blocks the per-chunk backward wanted 240 KB of shared
-# memory, past the 227 KB an H100 / H200 block may have; 32-wide blocks there (`_sizes`) bring
-# the largest kernel to 176 KB. 8 warps spill less than 4 (at that size, 4 warps: 0.6 to 3.8 KB
-# of stack per kernel; 8 warps with 32-wide blocks: 0 to 2.3 KB, the most in the per-chunk
-# backward). fp32 inputs ("ieee" dots, no tensor cores) compile too but spill 6 to 14 KB: the
-# kernels are meant for bf16. The per-chunk backward loads six tiles per value block, so it is
-# not software-pipelined.
+# (benchmarks/compile_gated_delta_sm90.py: triton.compile for GPUTarget("cuda", 90, 32), then
+# cuobjdump on the cubin). At L 64, K = V = 128, bf16 inputs: with 64-wide value blocks the
+# per-chunk backward needs 216 KB of shared memory (of the 227 KB an H100 / H200 block may
+# have) and spills 3.6 KB; 32-wide blocks there (`_sizes`) bring it to 176 KB and 2.2 KB, every
+# other kernel under 0.8 KB; with 4 warps every kernel spilled more. Chunks of 32 need at
+# most 72 KB and spill at most 1.6 KB. fp32 inputs ("ieee" dots, no tensor cores) compile but
+# spill 6 to 14 KB a kernel: these kernels are meant for bf16. The per-chunk backward loads
+# six tiles per value block, so it is not software-pipelined.
 LAUNCH = dict(prepare=dict(num_warps=8), states=dict(num_warps=8, num_stages=2), output=dict(num_warps=8),
               chunk=dict(num_warps=8, num_stages=1))
 
