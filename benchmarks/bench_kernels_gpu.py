@@ -14,7 +14,9 @@ same op is timed in the same rounds. Runs in about a minute on an H100-class GPU
 
 Sizes: B 8, T 2048, d 1024; SwiGLU width 2816 (8/3 d rounded to 256); Mamba E = 2d, N 16;
 linear + cross-entropy over V 32000 and 128256 (N = B T = 16384 rows); gated delta rule
-H 8, K = V = 128.
+H 8, K = V = 128: the chunked kernel (chunks of 64, and of 32), the recurrent kernel, fla's
+chunk_gated_delta_rule and the PyTorch chunked form, then the chunked kernel against the
+recurrent one at T 16, 64, 256 (where archsearch_kernels.dispatch.CHUNKED_FROM should sit).
 Dimensions: B batch, T time, D width, F MLP width, E channels, N state, V vocabulary.
 """
 
@@ -108,16 +110,18 @@ def optional(module: str, name: str):
 
 
 def bench_op(op: str, impls: dict[str, Callable], inputs: dict, repeats: int, rows: list, **kwargs) -> None:
+    """Time every implementation of `op` against the last one (the reference), interleaved,
+    and check each against it."""
     names = list(impls)
-    error = max_rel_error(impls[names[0]], impls[names[-1]], inputs, **kwargs)
+    reference = names[-1]
+    errors = {name: max_rel_error(impls[name], impls[reference], inputs, **kwargs) for name in names[:-1]}
     fwd = timed_ms({n: forward(f, inputs, **kwargs) for n, f in impls.items()}, repeats)
     both = timed_ms({n: fwd_bwd(f, inputs, **kwargs) for n, f in impls.items()}, repeats)
-    reference = names[-1]
     for name in names:
         rows.append(dict(op=op, impl=name, forward_ms=fwd[name], fwd_bwd_ms=both[name],
                          speedup_fwd_bwd=both[reference] / both[name],
                          peak_mb=peak_mb(fwd_bwd(impls[name], inputs, **kwargs)),
-                         rel_error_vs_reference=error if name == names[0] else 0.0))
+                         rel_error_vs_reference=errors.get(name, 0.0)))
         print(f"{op:22s} {name:14s} fwd {fwd[name]:8.3f} ms  fwd+bwd {both[name]:8.3f} ms  "
               f"x{both[reference] / both[name]:5.2f}  peak {rows[-1]['peak_mb']:8.0f} MB", flush=True)
 
@@ -186,19 +190,30 @@ def main() -> None:
     impls["torch-chunked"] = selective_scan_chunked
     bench_op("selective_scan", impls, scan_inputs, args.repeats, rows, delta_softplus=True)
 
-    from archsearch_kernels.gated_delta import gated_delta_rule_chunked, gated_delta_rule_triton
+    from archsearch_kernels.gated_delta import (
+        gated_delta_rule_chunked,
+        gated_delta_rule_chunked_triton,
+        gated_delta_rule_triton,
+    )
 
     h, k = 8, min(128, d)
     gdr_inputs = dict(q=F.normalize(torch.randn(b, t, h, k, device=dev), dim=-1).to(bf16).requires_grad_(),
                       k=F.normalize(torch.randn(b, t, h, k, device=dev), dim=-1).to(bf16).requires_grad_(),
                       v=leaf(b, t, h, k), g=F.logsigmoid(3 + torch.randn(b, t, h, device=dev)).requires_grad_(),
                       beta=torch.rand(b, t, h, device=dev).to(bf16).requires_grad_())
-    impls = {"triton": gated_delta_rule_triton}
+    impls = {"triton": gated_delta_rule_chunked_triton,
+             "triton-chunk32": lambda **kw: gated_delta_rule_chunked_triton(**kw, chunk_size=32),
+             "triton-recurrent": gated_delta_rule_triton}
     fla_gdr = optional("fla.ops.gated_delta_rule", "chunk_gated_delta_rule")
     if fla_gdr is not None:  # fla scales q by K^-1/2 unless told otherwise; ours never does
         impls["fla"] = lambda **kw: fla_gdr(**kw, scale=1.0)[0]
     impls["torch-chunked"] = gated_delta_rule_chunked
     bench_op("gated_delta_rule", impls, gdr_inputs, args.repeats, rows)
+    # short sequences: which of the two kernels the dispatch should take below CHUNKED_FROM
+    for steps in sorted({min(steps, t) for steps in (16, 64, 256)}):
+        short = {name: x.detach()[:, :steps].clone().requires_grad_() for name, x in gdr_inputs.items()}
+        bench_op(f"gated_delta_rule_T{steps}", {"triton": gated_delta_rule_chunked_triton,
+                                                "triton-recurrent": gated_delta_rule_triton}, short, args.repeats, rows)
 
     if args.json:
         with open(args.json, "w") as f:

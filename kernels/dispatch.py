@@ -11,6 +11,13 @@ F.silu(gate) * up, the chunked scan, logits then F.cross_entropy), so turning th
 off changes nothing else; the naive.py files beside each kernel are the specs they are
 tested against.
 
+The gated delta rule has two kernels: the chunked WY form (`gated_delta/chunked_kernel.py`)
+from `CHUNKED_FROM` steps on, the recurrent one (`gated_delta/kernel.py`) for shorter
+sequences, where there is at most one chunk and so nothing for the chunked form to run in
+parallel; each is its own op here (`gated_delta_rule_chunked`, `gated_delta_rule`), so the
+preflight checks, and can turn off, either one alone. A long sequence whose chunked kernel is
+off runs the recurrent kernel if that one is on.
+
 An op a preflight check found broken on this device (`preflight`) is listed in
 ``ARCHSEARCH_KERNELS_DISABLE`` (comma-separated) and runs the PyTorch path whatever the
 mode; being an environment variable, the list reaches worker processes started after it.
@@ -27,14 +34,23 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .gated_delta import gated_delta_rule_chunked, gated_delta_rule_naive, gated_delta_rule_triton
+from .gated_delta import (
+    gated_delta_rule_chunked,
+    gated_delta_rule_chunked_triton,
+    gated_delta_rule_naive,
+    gated_delta_rule_triton,
+)
 from .linear_cross_entropy import linear_cross_entropy_naive, linear_cross_entropy_triton
 from .rmsnorm import rms_norm_naive, rms_norm_triton
 from .selective_scan import selective_scan_chunked, selective_scan_naive, selective_scan_triton
 from .swiglu import swiglu_naive, swiglu_triton
 
 MODES = ("auto", "triton", "reference")
-OPS = ("rms_norm", "swiglu", "selective_scan", "gated_delta_rule", "linear_cross_entropy")
+OPS = ("rms_norm", "swiglu", "selective_scan", "gated_delta_rule", "gated_delta_rule_chunked", "linear_cross_entropy")
+# sequences from this length on take the chunked gated delta kernel, shorter ones the recurrent
+# one: one default chunk (64 steps). Not yet measured on a GPU; benchmarks/bench_kernels_gpu.py
+# times both over a sweep of T to set it
+CHUNKED_FROM = 64
 MODE_VAR, DISABLE_VAR = "ARCHSEARCH_KERNELS", "ARCHSEARCH_KERNELS_DISABLE"
 
 
@@ -111,6 +127,8 @@ def selective_scan(*args, **kwargs):
 def gated_delta_rule(*args, **kwargs):
     """Gated delta rule; the arguments and return of `gated_delta_rule_naive`."""
     q = args[0] if args else kwargs["q"]
+    if q.shape[1] >= CHUNKED_FROM and use_triton("gated_delta_rule_chunked", q.device):
+        return gated_delta_rule_chunked_triton(*args, **kwargs)
     if use_triton("gated_delta_rule", q.device):
         return gated_delta_rule_triton(*args, **kwargs)
     return gated_delta_rule_chunked(*args, **kwargs)
@@ -145,7 +163,7 @@ def _probe_inputs(op: str, device: torch.device) -> dict[str, torch.Tensor]:
         return dict(gate=randn(3, 37, 130), up=randn(3, 37, 130))
     if op == "linear_cross_entropy":
         return dict(x=randn(75, 48), weight=randn(1000, 48))
-    if op == "gated_delta_rule":
+    if op in ("gated_delta_rule", "gated_delta_rule_chunked"):  # T 77: two chunks of 64, the last ragged
         return dict(q=randn(2, 77, 3, 32), k=F.normalize(torch.randn(2, 77, 3, 32, generator=gen), dim=-1).to(device),
                     v=randn(2, 77, 3, 40), g=F.logsigmoid(2 + torch.randn(2, 77, 3, generator=gen)).to(device),
                     beta=torch.rand(2, 77, 3, generator=gen).to(device))
@@ -170,6 +188,7 @@ PAIRS = {
     "swiglu": (swiglu_triton, swiglu_naive),
     "selective_scan": (selective_scan_triton, selective_scan_naive),
     "gated_delta_rule": (gated_delta_rule_triton, gated_delta_rule_naive),
+    "gated_delta_rule_chunked": (gated_delta_rule_chunked_triton, gated_delta_rule_naive),
     "linear_cross_entropy": (linear_cross_entropy_triton, linear_cross_entropy_naive),
 }
 
@@ -210,6 +229,6 @@ def preflight(ops: Iterable[str], device: torch.device | str) -> dict[str, str]:
     return failures
 
 
-__all__ = ["MODES", "OPS", "RMSNorm", "check", "disable", "disabled", "forced", "gated_delta_rule",
+__all__ = ["CHUNKED_FROM", "MODES", "OPS", "RMSNorm", "check", "disable", "disabled", "forced", "gated_delta_rule",
            "linear_cross_entropy", "mode",
            "preflight", "rms_norm", "selective_scan", "swiglu", "use_triton"]

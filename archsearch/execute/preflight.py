@@ -18,7 +18,8 @@ from archsearch.errors import SpecError
 
 def kernels_used(specs: Iterable[ArchSpec]) -> list[str]:
     """The dispatched ops these models run: RMSNorm and the fused loss always, SwiGLU, the
-    selective scan and the gated delta rule where a layer has them."""
+    selective scan and the gated delta rule (both its kernels: which one runs depends on the
+    sequence length) where a layer has them."""
     ops = {"rms_norm", "linear_cross_entropy"}
     for spec in specs:
         for layer in spec.layers:
@@ -27,7 +28,7 @@ def kernels_used(specs: Iterable[ArchSpec]) -> list[str]:
             if layer.mixer == "mamba":
                 ops.add("selective_scan")
             if layer.mixer == "gated_deltanet":
-                ops.add("gated_delta_rule")
+                ops.update(("gated_delta_rule", "gated_delta_rule_chunked"))
     return sorted(ops)
 
 

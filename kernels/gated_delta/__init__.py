@@ -1,5 +1,5 @@
-"""Gated delta rule (Gated DeltaNet): the reference loop (the spec), the chunked WY form and
-the recurrent Triton kernel."""
+"""Gated delta rule (Gated DeltaNet): the reference loop (the spec), the chunked WY form, the
+recurrent Triton kernel and the chunked Triton kernels."""
 
 from .chunked import gated_delta_rule_chunked
 from .naive import gated_delta_rule_naive
@@ -12,4 +12,12 @@ def gated_delta_rule_triton(*args, **kwargs):
     return kernel(*args, **kwargs)
 
 
-__all__ = ["gated_delta_rule_chunked", "gated_delta_rule_naive", "gated_delta_rule_triton"]
+def gated_delta_rule_chunked_triton(*args, **kwargs):
+    """The chunked (WY form) Triton kernels; imported on first use, like the recurrent one."""
+    from .chunked_kernel import gated_delta_rule_chunked_triton as kernel
+
+    return kernel(*args, **kwargs)
+
+
+__all__ = ["gated_delta_rule_chunked", "gated_delta_rule_chunked_triton", "gated_delta_rule_naive",
+           "gated_delta_rule_triton"]

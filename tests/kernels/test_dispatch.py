@@ -26,7 +26,9 @@ from tests.kernels.conftest import assert_close
 @pytest.fixture(autouse=True)
 def clean_setting(monkeypatch):
     monkeypatch.delenv(dispatch.MODE_VAR, raising=False)
-    monkeypatch.delenv(dispatch.DISABLE_VAR, raising=False)
+    # set, not deleted: monkeypatch then restores the variable after the test, although
+    # dispatch.disable writes os.environ directly
+    monkeypatch.setenv(dispatch.DISABLE_VAR, "")
 
 
 def tiny_spec(mixer: str, mlp: str) -> ArchSpec:
@@ -45,17 +47,24 @@ def test_auto_takes_pytorch_on_cpu_and_a_bad_setting_is_named(monkeypatch):
         dispatch.use_triton("rms_norm", "cpu")
 
 
-@pytest.mark.parametrize("mixer, mlp, kernel", [("attention", "swiglu", "swiglu_triton"),
-                                                ("mamba", "none", "selective_scan_triton"),
-                                                ("gated_deltanet", "none", "gated_delta_rule_triton")],
-                         ids=["transformer", "mamba", "gated-deltanet"])
-def test_model_loss_and_gradients_are_the_same_with_kernels_on(mixer, mlp, kernel, monkeypatch, triton_kernels):
+@pytest.mark.parametrize("mixer, mlp, kernel, seq_len",
+                         [("attention", "swiglu", "swiglu_triton", 9),
+                          ("mamba", "none", "selective_scan_triton", 9),
+                          ("gated_deltanet", "none", "gated_delta_rule_triton", 9),
+                          ("gated_deltanet", "none", "gated_delta_rule_chunked_triton", 20)],
+                         ids=["transformer", "mamba", "gated-deltanet-short", "gated-deltanet-chunked"])
+def test_model_loss_and_gradients_are_the_same_with_kernels_on(mixer, mlp, kernel, seq_len, monkeypatch,
+                                                               triton_kernels):
     """A training loss through every kernel (RMSNorm, SwiGLU or the scan, fused linear + CE)
-    equals the PyTorch path's, and so does every parameter's gradient."""
+    equals the PyTorch path's, and so does every parameter's gradient. The gated delta rule's
+    switch to the chunked kernel is lowered to 16 steps so a 20-step sequence takes it (one
+    chunk of 32, 12 steps padded) while the interpreter stays quick; 9 steps still take the
+    recurrent kernel. Several chunks are tested in test_gated_delta_triton.py."""
     pytest.importorskip("triton")
+    monkeypatch.setattr(dispatch, "CHUNKED_FROM", 16)
     model = build_model(tiny_spec(mixer, mlp)).to(triton_kernels)
-    tokens = torch.randint(0, 50, (2, 9))
-    targets = torch.randint(0, 50, (2, 9))
+    tokens = torch.randint(0, 50, (2, seq_len))
+    targets = torch.randint(0, 50, (2, seq_len))
     targets[0, :3] = -100
     batch = Batch(inputs=tokens.to(triton_kernels), targets=targets.to(triton_kernels))
     results = {}
@@ -99,6 +108,31 @@ def test_preflight_turns_a_wrong_kernel_off_and_the_op_falls_back(monkeypatch, t
     assert torch.equal(dispatch.swiglu(gate, up), torch.nn.functional.silu(gate) * up)
 
 
+def test_gated_delta_rule_takes_the_chunked_kernel_on_long_sequences(monkeypatch):
+    """From CHUNKED_FROM steps on the chunked kernel runs, below it the recurrent one; a long
+    sequence whose chunked kernel the preflight turned off takes the recurrent kernel, and with
+    both off the PyTorch path."""
+    calls = []
+    for name in ("gated_delta_rule_triton", "gated_delta_rule_chunked_triton", "gated_delta_rule_chunked"):
+        monkeypatch.setattr(dispatch, name, lambda *a, _name=name, **k: calls.append(_name))
+
+    def taken(seq_len: int) -> str:
+        calls.clear()
+        dispatch.gated_delta_rule(torch.zeros(1, seq_len, 1, 4), None, None, None, None)
+        return calls[0]
+
+    monkeypatch.setenv(dispatch.MODE_VAR, "triton")
+    assert taken(dispatch.CHUNKED_FROM) == "gated_delta_rule_chunked_triton"
+    assert taken(dispatch.CHUNKED_FROM - 1) == "gated_delta_rule_triton"
+    dispatch.disable("gated_delta_rule_chunked")
+    assert taken(dispatch.CHUNKED_FROM) == "gated_delta_rule_triton"
+    dispatch.disable("gated_delta_rule")
+    assert taken(dispatch.CHUNKED_FROM) == "gated_delta_rule_chunked"
+    monkeypatch.setenv(dispatch.DISABLE_VAR, "")
+    monkeypatch.setenv(dispatch.MODE_VAR, "reference")
+    assert taken(dispatch.CHUNKED_FROM) == "gated_delta_rule_chunked"
+
+
 def test_preflight_checks_nothing_that_would_not_run_triton(monkeypatch):
     monkeypatch.setitem(dispatch.PAIRS, "rms_norm", (None, None))  # would fail if it were called
     assert dispatch.preflight(["rms_norm"], "cpu") == {}
@@ -114,12 +148,13 @@ def test_study_preflight_records_the_failure_in_the_store(tmp_path, monkeypatch,
     specs = [tiny_spec("attention", "swiglu"), tiny_spec("attention", "swiglu")]
     assert kernels_used(specs) == ["linear_cross_entropy", "rms_norm", "swiglu"]
     assert "selective_scan" in kernels_used([tiny_spec("mamba", "none")])
-    assert "gated_delta_rule" in kernels_used([tiny_spec("gated_deltanet", "none")])
+    assert {"gated_delta_rule", "gated_delta_rule_chunked"} <= set(kernels_used([tiny_spec("gated_deltanet", "none")]))
     wrong = (lambda gate, up: gate * up, dispatch.PAIRS["swiglu"][1])
     monkeypatch.setitem(dispatch.PAIRS, "swiglu", wrong)
     # the scan is not used by these models: a broken scan kernel must not be checked or disabled
     monkeypatch.setitem(dispatch.PAIRS, "selective_scan", (None, None))
     monkeypatch.setitem(dispatch.PAIRS, "gated_delta_rule", (None, None))
+    monkeypatch.setitem(dispatch.PAIRS, "gated_delta_rule_chunked", (None, None))
     warnings = []
     with open_store(tmp_path / "s.duckdb") as db:
         failures = preflight_kernels("tiny", db, specs, device=triton_kernels, warn=warnings.append)
@@ -138,3 +173,12 @@ def test_a_bad_setting_stops_the_study_before_any_trial(tmp_path, monkeypatch):
     monkeypatch.setenv(dispatch.MODE_VAR, "fast")
     with pytest.raises(ValueError, match="must be one of auto, triton, reference"):
         preflight_kernels("tiny", db=None, specs=[tiny_spec("attention", "swiglu")], device="cpu")
+
+
+@pytest.mark.slow
+def test_preflight_passes_both_gated_delta_kernels(triton_kernels):
+    """The probe the preflight runs on a GPU (T 77: two chunks, the last ragged), here through
+    the interpreter: both gated delta kernels agree with the reference in output and every
+    gradient, so neither is turned off on a device where they work (about 30 s on 2 busy cores)."""
+    assert dispatch.check("gated_delta_rule_chunked", triton_kernels) is None
+    assert dispatch.check("gated_delta_rule", triton_kernels) is None

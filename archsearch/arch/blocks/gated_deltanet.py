@@ -41,7 +41,8 @@ from archsearch.arch.blocks.gated_deltanet_counts import (  # the formulas, besi
 from archsearch.arch.blocks.mamba import inverse_softplus_dt
 from archsearch.arch.spec import ArchSpec, LayerSpec
 
-# "chunked": the Triton kernel on CUDA, the chunked PyTorch form elsewhere (archsearch_kernels.dispatch)
+# "chunked": the Triton kernels on CUDA (chunked from 64 steps on, recurrent below), the chunked
+# PyTorch form elsewhere (archsearch_kernels.dispatch)
 RULES = {"chunked": gated_delta_rule, "naive": gated_delta_rule_naive}
 
 
