@@ -32,15 +32,17 @@ stay in PyTorch around the kernel, differentiated by autograd.
 Building. The source below is compiled on first use by torch.utils.cpp_extension.load_inline
 (g++ and ninja; about a minute) into torch's extension cache (``TORCH_EXTENSIONS_DIR``, default
 ``~/.cache/torch_extensions``), once per machine: the module name carries the CPU's vector
-capability, so machines sharing a home folder do not load each other's builds. Before its
-first use the build is checked against the reference on small odd shapes. If it does not
-compile or does not agree, `available()` is False, the reason is in `build_error()`, and
-dispatch falls back to the chunked PyTorch form (kernels/dispatch.py).
+capability and torch's version, so machines sharing a home folder, or torch upgrades, do not
+load a build made for another. Before its first use the build is checked against the
+reference on small odd shapes. If it does not compile or does not agree, `available()` is
+False, the reason is in `build_error()`, and dispatch falls back to the chunked PyTorch form
+(kernels/dispatch.py).
 """
 
 from __future__ import annotations
 
 import functools
+import re
 import threading
 import warnings
 
@@ -253,11 +255,14 @@ def _build():
 
     capability = _capability()
     flags = ["-O3", "-fopenmp", "-ffp-contract=fast", *ARCH_FLAGS.get(capability, [])]
+    # torch's cache rebuilds when the source or flags change, not when torch does: the version
+    # in the name keeps a build from being loaded into another torch's ABI
+    torch_version = re.sub(r"\W", "_", torch.__version__)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return load_inline(name=f"archsearch_selective_scan_{capability.lower()}", cpp_sources=SOURCE,
-                           functions=["scan_forward", "scan_backward"], extra_cflags=flags,
-                           extra_ldflags=["-fopenmp"], verbose=False)
+        return load_inline(name=f"archsearch_selective_scan_{capability.lower()}_torch{torch_version}",
+                           cpp_sources=SOURCE, functions=["scan_forward", "scan_backward"],
+                           extra_cflags=flags, extra_ldflags=["-fopenmp"], verbose=False)
 
 
 def _self_check(module) -> str | None:

@@ -61,7 +61,8 @@ def test_optional_arguments_left_out():
     y_ref, y_out = selective_scan_naive(**bare), cpu.selective_scan_cpu(**bare)
     assert_close("y", y_ref, y_out, ATOL)
     leaves = list(bare.values())
-    for name, g_ref, g_out in zip(bare, torch.autograd.grad(y_ref.sum(), leaves), torch.autograd.grad(y_out.sum(), leaves)):
+    grads_ref, grads_out = torch.autograd.grad(y_ref.sum(), leaves), torch.autograd.grad(y_out.sum(), leaves)
+    for name, g_ref, g_out in zip(bare, grads_ref, grads_out):
         assert_close(f"grad {name}", g_ref, g_out, ATOL)
 
 
@@ -82,7 +83,8 @@ def test_strided_views_as_a_mamba_layer_passes_them():
     """u, delta, z as [B, E, T] views of [B, T, E]; B and C as views of one [B, T, R + 2N] projection."""
     b, e, n, t = 2, 6, 4, 9
     inputs = make_inputs(Shape(b, e, n, t, 0))
-    u, delta, z = (inputs[k].detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_() for k in ("u", "delta", "z"))
+    u, delta, z = (inputs[k].detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_()
+                   for k in ("u", "delta", "z"))
     proj = torch.randn(b, t, 3 + 2 * n, requires_grad=True)
     B, C = proj[..., 3:3 + n].transpose(1, 2), proj[..., 3 + n:].transpose(1, 2)
     rest = {k: inputs[k] for k in ("A", "D", "delta_bias", "initial_state")}
