@@ -48,6 +48,7 @@ import warnings
 
 import torch
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 
 # channels per block of the backward's partial dB, dC sums: few blocks keep the final sum small
 BLOCK_E = 32
@@ -326,6 +327,7 @@ class _Scan(torch.autograd.Function):
         return y, last
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dy, dlast):
         u, delta, A, B_BTN, C_BTN, h0 = ctx.saved_tensors
         grads = ctx.module.scan_backward(u, delta, A, B_BTN, C_BTN, h0, dy, dlast.contiguous(), BLOCK_E)
