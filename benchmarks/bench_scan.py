@@ -5,8 +5,10 @@
     python benchmarks/bench_scan.py --ops ssd --threads 2
 
 Prints one row per (op, pass): median milliseconds of each form over --repeats runs after
-one warm-up (the two forms timed alternately), and the speed-up naive / chunked measured in
-the same run.
+one warm-up (the forms timed alternately), and the speed-up naive / chunked measured in
+the same run. The selective scan also times its C++ CPU kernel (selective_scan/cpu.py, built
+on first use) in the same rounds and prints its time and speed-up over the loop beside the
+chunked form's; "-" where it does not build here.
 
 Dimensions: B batch, T time, E inner channels, N state size, H heads, K/V head dims,
 P SSD head dim, G SSD groups.
@@ -30,26 +32,28 @@ from archsearch_kernels.gated_delta import (
     gated_delta_rule_naive,
 )
 from archsearch_kernels.selective_scan import (
+    cpu,
     selective_scan_chunked,
     selective_scan_naive,
 )
 from archsearch_kernels.ssd import ssd_chunked, ssd_naive
 
 
-def median_ms_pair(first: Callable[[], None], second: Callable[[], None], repeats: int) -> tuple[float, float]:
-    """Median wall times in ms of two callables, after one warm-up each.
+def median_ms(fns: list[Callable[[], None]], repeats: int) -> list[float]:
+    """Median wall times in ms of each callable, after one warm-up each.
 
-    The two are timed alternately, so load from other processes on a shared machine falls on
-    both alike and their ratio stays meaningful even when the absolute times drift.
+    They are timed alternately, so load from other processes on a shared machine falls on
+    all alike and their ratios stay meaningful even when the absolute times drift.
     """
-    first(), second()
-    times: tuple[list[float], list[float]] = ([], [])
+    for fn in fns:
+        fn()
+    times: list[list[float]] = [[] for _ in fns]
     for _ in range(repeats):
-        for fn, bucket in zip((first, second), times):
+        for fn, bucket in zip(fns, times):
             start = time.perf_counter()
             fn()
             bucket.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times[0]), 1e3 * statistics.median(times[1])
+    return [1e3 * statistics.median(bucket) for bucket in times]
 
 
 def mamba_inputs(args: argparse.Namespace) -> dict[str, torch.Tensor]:
@@ -141,23 +145,29 @@ def main() -> None:
         f"  ssd H={args.ssd_heads} P={args.ssd_head_dim} N={args.ssd_state_size} G=1  chunk {args.chunk_size or 'default'}  median of {args.repeats}"
     )
 
+    wanted = args.ops.split(",")
+    # (name, reference loop, chunked form, compiled form or None, inputs, keywords)
     ops = [
-        ("selective_scan", selective_scan_naive, selective_scan_chunked, mamba_inputs(args), {"delta_softplus": True}),
-        ("gated_delta", gated_delta_rule_naive, gated_delta_rule_chunked, gdn_inputs(args), {}),
-        ("ssd", ssd_naive, ssd_chunked, ssd_inputs(args), {}),
+        ("selective_scan", selective_scan_naive, selective_scan_chunked,
+         cpu.selective_scan_cpu if "selective_scan" in wanted and cpu.available() else None,
+         mamba_inputs(args), {"delta_softplus": True}),
+        ("gated_delta", gated_delta_rule_naive, gated_delta_rule_chunked, None, gdn_inputs(args), {}),
+        ("ssd", ssd_naive, ssd_chunked, None, ssd_inputs(args), {}),
     ]
     chunking = {} if args.chunk_size is None else {"chunk_size": args.chunk_size}
-    print(f"{'op':<16}{'pass':<14}{'naive ms':>10}{'chunked ms':>12}{'speed-up':>10}")
-    wanted = args.ops.split(",")
+    print(f"{'op':<16}{'pass':<14}{'naive ms':>10}{'chunked ms':>12}{'speed-up':>10}{'cpp ms':>10}{'speed-up':>10}")
     unknown = set(wanted) - {op[0] for op in ops}
     if unknown:
         parser.error(f"--ops: unknown {sorted(unknown)}; known: {[op[0] for op in ops]}")
-    for name, naive, chunked, inputs, kwargs in (op for op in ops if op[0] in wanted):
-        naive_passes = passes(naive, inputs, **kwargs)
-        chunked_passes = passes(chunked, inputs, **kwargs, **chunking)
-        for label, naive_pass, chunked_pass in zip(("forward", "fwd+bwd"), naive_passes, chunked_passes):
-            naive_ms, chunked_ms = median_ms_pair(naive_pass, chunked_pass, args.repeats)
-            print(f"{name:<16}{label:<14}{naive_ms:>10.1f}{chunked_ms:>12.1f}{naive_ms / chunked_ms:>9.1f}x")
+    for name, naive, chunked, compiled, inputs, kwargs in (op for op in ops if op[0] in wanted):
+        forms = [passes(naive, inputs, **kwargs), passes(chunked, inputs, **kwargs, **chunking)]
+        if compiled is not None:
+            forms.append(passes(compiled, inputs, **kwargs))
+        for index, label in enumerate(("forward", "fwd+bwd")):
+            naive_ms, chunked_ms, *compiled_ms = median_ms([form[index] for form in forms], args.repeats)
+            cpp = (f"{compiled_ms[0]:>10.1f}{naive_ms / compiled_ms[0]:>9.1f}x" if compiled_ms
+                   else f"{'-':>10}{'-':>10}")
+            print(f"{name:<16}{label:<14}{naive_ms:>10.1f}{chunked_ms:>12.1f}{naive_ms / chunked_ms:>9.1f}x{cpp}")
 
 
 if __name__ == "__main__":

@@ -2,8 +2,12 @@
 
 One setting, the environment variable ``ARCHSEARCH_KERNELS``:
 
-    auto       (default) Triton when the tensors are on CUDA and triton is installed
+    auto       (default) Triton when the tensors are on CUDA and triton is installed; on CPU
+               tensors the C++ kernel of an op that has one (the selective scan,
+               selective_scan/cpu.py) when it builds here and passes its check, else PyTorch
     triton     always Triton (on a CPU only under TRITON_INTERPRET=1, for tests)
+    cpp        the C++ kernel on CPU tensors for an op that has one, an error if it does not
+               build; everything else as under auto
     reference  always the PyTorch path
 
 The PyTorch path here is the one the models ran before the kernels existed (F.rms_norm,
@@ -43,14 +47,17 @@ from .gated_delta import (
 from .linear_cross_entropy import linear_cross_entropy_naive, linear_cross_entropy_triton
 from .rmsnorm import rms_norm_naive, rms_norm_triton
 from .selective_scan import selective_scan_chunked, selective_scan_naive, selective_scan_triton
+from .selective_scan import cpu as selective_scan_cpu_kernel
 from .swiglu import swiglu_naive, swiglu_triton
 
-MODES = ("auto", "triton", "reference")
+MODES = ("auto", "triton", "cpp", "reference")
 OPS = ("rms_norm", "swiglu", "selective_scan", "gated_delta_rule", "gated_delta_rule_chunked", "linear_cross_entropy")
 # sequences from this length on take the chunked gated delta kernel, shorter ones the recurrent
 # one: one default chunk (64 steps). Not yet measured on a GPU; benchmarks/bench_kernels_gpu.py
 # times both over a sweep of T to set it
 CHUNKED_FROM = 64
+# ops with a compiled C++ path for CPU tensors: op -> its module (available(), the op itself)
+CPU_KERNELS = {"selective_scan": selective_scan_cpu_kernel}
 MODE_VAR, DISABLE_VAR = "ARCHSEARCH_KERNELS", "ARCHSEARCH_KERNELS_DISABLE"
 
 
@@ -102,6 +109,19 @@ def use_triton(op: str, device: torch.device | str) -> bool:
     return torch.device(device).type == "cuda" and triton_installed()
 
 
+def use_cpp(op: str, device: torch.device | str) -> bool:
+    """Whether `op` on tensors on `device` runs its C++ CPU kernel under the current setting.
+
+    Under auto the first call builds the kernel (once per machine, cached) and checks it; if
+    that fails, auto takes the PyTorch path from then on, while cpp lets the op raise."""
+    setting = mode()
+    if setting in ("reference", "triton") or op in disabled() or op not in CPU_KERNELS:
+        return False
+    if torch.device(device).type != "cpu":
+        return False
+    return setting == "cpp" or CPU_KERNELS[op].available()
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over the last axis: [..., D] -> [..., D]."""
     if use_triton("rms_norm", x.device):
@@ -121,6 +141,8 @@ def selective_scan(*args, **kwargs):
     u = args[0] if args else kwargs["u"]
     if use_triton("selective_scan", u.device):
         return selective_scan_triton(*args, **kwargs)
+    if use_cpp("selective_scan", u.device):
+        return selective_scan_cpu_kernel.selective_scan_cpu(*args, **kwargs)
     return selective_scan_chunked(*args, **kwargs)
 
 
@@ -229,6 +251,7 @@ def preflight(ops: Iterable[str], device: torch.device | str) -> dict[str, str]:
     return failures
 
 
-__all__ = ["CHUNKED_FROM", "MODES", "OPS", "RMSNorm", "check", "disable", "disabled", "forced", "gated_delta_rule",
+__all__ = ["CHUNKED_FROM", "CPU_KERNELS", "MODES", "OPS", "RMSNorm", "check", "disable", "disabled", "forced",
+           "gated_delta_rule",
            "linear_cross_entropy", "mode",
-           "preflight", "rms_norm", "selective_scan", "swiglu", "use_triton"]
+           "preflight", "rms_norm", "selective_scan", "swiglu", "use_cpp", "use_triton"]

@@ -1,6 +1,8 @@
-"""Mamba-1 selective scan: the reference loop (the spec), the chunked PyTorch form and the Triton kernel."""
+"""Mamba-1 selective scan: the reference loop (the spec), the chunked PyTorch form, the Triton
+kernel (CUDA) and the C++ CPU kernel (cpu.py, compiled on first use)."""
 
 from .chunked import selective_scan_chunked
+from .cpu import selective_scan_cpu
 from .naive import selective_scan_naive
 
 
@@ -11,4 +13,4 @@ def selective_scan_triton(*args, **kwargs):
     return kernel(*args, **kwargs)
 
 
-__all__ = ["selective_scan_chunked", "selective_scan_naive", "selective_scan_triton"]
+__all__ = ["selective_scan_chunked", "selective_scan_cpu", "selective_scan_naive", "selective_scan_triton"]

@@ -43,7 +43,7 @@ def test_auto_takes_pytorch_on_cpu_and_a_bad_setting_is_named(monkeypatch):
     monkeypatch.setenv(dispatch.MODE_VAR, "reference")
     assert not dispatch.use_triton("rms_norm", "cuda")
     monkeypatch.setenv(dispatch.MODE_VAR, "fast")
-    with pytest.raises(ValueError, match="ARCHSEARCH_KERNELS='fast': must be one of auto, triton, reference"):
+    with pytest.raises(ValueError, match="ARCHSEARCH_KERNELS='fast': must be one of auto, triton, cpp, reference"):
         dispatch.use_triton("rms_norm", "cpu")
 
 
@@ -171,7 +171,7 @@ def test_a_bad_setting_stops_the_study_before_any_trial(tmp_path, monkeypatch):
     from archsearch.execute.preflight import preflight_kernels
 
     monkeypatch.setenv(dispatch.MODE_VAR, "fast")
-    with pytest.raises(ValueError, match="must be one of auto, triton, reference"):
+    with pytest.raises(ValueError, match="must be one of auto, triton, cpp, reference"):
         preflight_kernels("tiny", db=None, specs=[tiny_spec("attention", "swiglu")], device="cpu")
 
 
