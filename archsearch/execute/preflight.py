@@ -7,6 +7,7 @@ and the failure is recorded in the store, instead of every trial failing on it.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 
 from archsearch.arch.spec import ArchSpec
@@ -42,3 +43,22 @@ def preflight_kernels(study_name: str, db, specs: Iterable[ArchSpec] | None, *, 
     for reason in failures.values():
         warn(f"warning: {reason}; using the PyTorch path for it")
     return failures
+
+
+def kernel_settings() -> dict[str, str | None]:
+    """This process's kernel settings (the mode, the ops a preflight turned off), for a trial's
+    task to take along: a worker that started before the preflight, or on another node, never
+    saw them in its environment."""
+    from archsearch_kernels.dispatch import DISABLE_VAR, MODE_VAR
+
+    return {name: os.environ.get(name) for name in (MODE_VAR, DISABLE_VAR)}
+
+
+def use_kernel_settings(settings: dict[str, str | None]) -> None:
+    """In a worker, before its trial: the driver's kernel settings, whatever this process had
+    (a reused worker may have run another study's trial)."""
+    for name, value in settings.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value

@@ -10,6 +10,7 @@ import shutil
 import tempfile
 
 from archsearch.execute.parallel import data_parallel_ranks
+from archsearch.execute.preflight import use_kernel_settings
 
 
 def _trial_task(payload: dict):
@@ -23,6 +24,7 @@ def _trial_task(payload: dict):
     from archsearch.arch.spec import ArchSpec
     from archsearch.train import checkpoint, train_trial
 
+    use_kernel_settings(payload["kernels"])
     rows: queue.Queue = queue.Queue()
     outcome: dict = {}
     location = payload["checkpoint_dir"]

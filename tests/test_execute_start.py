@@ -1,0 +1,112 @@
+"""How a run starts and ends its Ray: started on a thread of its own while the
+store is prepared, shut down with nothing left running, and the kernel
+settings of the driver carried to workers that started before them.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+import archsearch as A
+from tests.test_execute import ROOT, write_study
+
+
+def marked(mark: str) -> list[str]:
+    """Command lines of the processes whose environment holds ``mark`` (all a run started inherit it)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and mark.encode() in (entry / "environ").read_bytes():
+                found.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.parametrize("ending", ["finished", "interrupted while Ray starts"])
+def test_a_run_leaves_no_ray_process_behind(ending, tmp_path, corpus):
+    """`archsearch run` ends (its trials done, or Ctrl-C while ray.init runs
+    beside the store's preparation) and none of the processes it started
+    (GCS, raylet, agents, workers) outlives it. Planted mutation: letting the
+    thread that ran ray.init end once Ray is up kills the GCS under the run
+    (Linux's parent-death signal follows the thread), so the finished run fails."""
+    path = write_study(tmp_path, corpus, steps=2, eval_every=1)
+    store, mark = tmp_path / "s.duckdb", f"ARCHSEARCH_TEST_RUN={uuid.uuid4().hex}"
+    name, value = mark.split("=")
+    process = subprocess.Popen([sys.executable, "-m", "archsearch.cli", "run", str(path), "--store", str(store),
+                                "--report", str(tmp_path / "r.html")], cwd=ROOT, env=dict(os.environ, **{name: value}),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if ending != "finished":
+        deadline = time.monotonic() + 120
+        # The study's rows are in the store once Ray's thread has begun; its GCS is up soon after.
+        while time.monotonic() < deadline and not any("gcs_server" in line for line in marked(mark)):
+            time.sleep(0.05)
+        assert process.poll() is None, process.stderr.read()
+        process.send_signal(signal.SIGINT)
+    code = process.wait(timeout=300)
+    stderr = process.stderr.read()
+    if ending == "finished":
+        assert code == 0, stderr
+    else:
+        assert code == 130 and "interrupted; finished trials are saved" in stderr, stderr
+    assert marked(mark) == []
+
+
+@pytest.fixture(scope="module")
+def ray_started_first():
+    """A private Ray started before anything below changes the environment, as
+    ``run_study`` now starts its own before the kernels' preflight."""
+    import shutil
+
+    import ray
+
+    from archsearch.execute.cluster import start_ray
+
+    folder = start_ray(None)
+    yield
+    ray.shutdown()
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.ray
+def test_a_kernel_the_preflight_turned_off_is_off_in_workers_started_before_it(ray_started_first, tmp_path,
+                                                                               corpus, monkeypatch):
+    """The preflight turns a broken kernel off through an environment
+    variable, which a worker started before it (Ray's start now overlaps the
+    preflight) or on another node never sees: the trial's task takes the
+    driver's settings with it (planted mutation: leaving them out of the
+    payload leaves the worker's variable unset)."""
+    from archsearch.execute import driver
+    from archsearch_kernels import dispatch
+
+    def preflight(study_name, db, specs):
+        dispatch.disable("swiglu")  # what a failed check does
+        return {"swiglu": "swiglu: failed its check"}
+
+    monkeypatch.delenv(dispatch.DISABLE_VAR, raising=False)
+    monkeypatch.setattr(driver, "preflight_kernels", preflight)
+    seen, original = tmp_path / "seen.txt", driver._trial_task
+
+    def noting(payload):
+        for item in original(payload):  # what the worker's environment holds while the trial trains
+            seen.write_text(os.environ.get(dispatch.DISABLE_VAR, "<unset>"))
+            yield item
+
+    monkeypatch.setattr(driver, "_trial_task", noting)
+    path = write_study(tmp_path, corpus, shapes="[uniform]", steps=1, eval_every=1)
+    try:
+        summary = A.run_study(A.load_study(path), store=tmp_path / "s.duckdb", show_progress=False)
+    finally:
+        os.environ.pop(dispatch.DISABLE_VAR, None)
+    assert summary.completed == 1
+    assert seen.read_text() == "swiglu"
