@@ -78,7 +78,8 @@ def main() -> None:
     for name in trees:
         print(f"{name}: run_study " + ", ".join(f"{r['run_study']:.2f}" for r in runs[name])
               + f"; ray.init started at " + ", ".join(f"{r['ray.init at']:.2f}" for r in runs[name])
-              + f"; trial on a warm worker {sum(r['warm'] for r in runs[name])} of {len(runs[name])}")
+              + f"; trial on a warm worker {sum(r['warm'] for r in runs[name])} of {len(runs[name])}"
+              + f"; driver imported torch {sum(r['driver torch'] for r in runs[name])} of {len(runs[name])}")
 
 
 def _one_run(tree: str | None, *, trials: int) -> dict:
@@ -174,7 +175,7 @@ def _child(folder: Path, *, trials: int) -> None:
         "first trial": results[0] - events["submit start"], "per trial": per_trial,
         "ray.shutdown": span("ray.shutdown"), "run_study": end - start,
         "fixed": end - start - trials * (per_trial if trials > 1 else min(walls)),
-        "warm": worker["warm"], "code": [A.__file__, worker["code"]], "processes": processes,
+        "driver torch": "torch" in sys.modules, "warm": worker["warm"], "code": [A.__file__, worker["code"]], "processes": processes,
         "printed": time.time()}))
 
 

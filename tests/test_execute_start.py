@@ -110,3 +110,27 @@ def test_a_kernel_the_preflight_turned_off_is_off_in_workers_started_before_it(r
         os.environ.pop(dispatch.DISABLE_VAR, None)
     assert summary.completed == 1
     assert seen.read_text() == "swiglu"
+
+
+def test_on_a_cpu_build_of_torch_the_preflight_records_no_failure_without_importing_torch(tmp_path):
+    """Nothing runs Triton without CUDA, which a CPU build of torch never has:
+    the driver records an empty preflight and never imports torch (1-4 s of
+    its start; planted mutation: dropping that shortcut imports it)."""
+    import textwrap
+
+    from archsearch.execute import preflight
+    from archsearch_kernels import dispatch
+
+    assert (preflight.MODE_VAR, preflight.DISABLE_VAR) == (dispatch.MODE_VAR, dispatch.DISABLE_VAR)
+    code = textwrap.dedent("""\
+        import importlib.metadata, sys
+        importlib.metadata.version = lambda name: "2.13.0+cpu"
+        from archsearch.execute.preflight import preflight_kernels
+        from archsearch.store import open_store
+        with open_store(sys.argv[1]) as db:
+            print(preflight_kernels("tiny", db, None), db.kernel_preflight("tiny"), "torch" in sys.modules)
+        """)
+    env = {k: v for k, v in os.environ.items() if k not in (dispatch.MODE_VAR, dispatch.DISABLE_VAR)}
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "s.duckdb")], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["{}", "{}", "False"], done.stderr

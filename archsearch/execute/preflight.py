@@ -7,10 +7,15 @@ and the failure is recorded in the store, instead of every trial failing on it.
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
+import sys
 from collections.abc import Iterable
 
 from archsearch.arch.spec import ArchSpec
+
+# The settings archsearch_kernels.dispatch reads, named here without importing it (and torch).
+MODE_VAR, DISABLE_VAR = "ARCHSEARCH_KERNELS", "ARCHSEARCH_KERNELS_DISABLE"
 
 
 def kernels_used(specs: Iterable[ArchSpec]) -> list[str]:
@@ -33,6 +38,12 @@ def preflight_kernels(study_name: str, db, specs: Iterable[ArchSpec] | None, *, 
     """Check the kernels `specs` use (every op when None: a sampled search's models are not
     known yet) on `device` (CUDA when present; on a CPU nothing runs Triton, so nothing is
     checked). Records and warns about each failure; returns {op: why}."""
+    setting = os.environ.get(MODE_VAR, "auto").strip().lower() or "auto"
+    if setting == "reference" or (setting == "auto" and device is None and _no_cuda_here()):
+        # Nothing would run Triton: told without importing torch (1-4 s), which the driver
+        # of a run needs for nothing else.
+        db.record_kernel_preflight(study_name, {})
+        return {}
     import torch
     from archsearch_kernels import dispatch
 
@@ -45,12 +56,21 @@ def preflight_kernels(study_name: str, db, specs: Iterable[ArchSpec] | None, *, 
     return failures
 
 
+def _no_cuda_here() -> bool:
+    """Whether torch here can never see a CUDA device, told without importing it: a CPU build
+    (its version ends in +cpu), or macOS."""
+    if sys.platform == "darwin":
+        return True
+    try:
+        return importlib.metadata.version("torch").endswith("+cpu")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
 def kernel_settings() -> dict[str, str | None]:
     """This process's kernel settings (the mode, the ops a preflight turned off), for a trial's
     task to take along: a worker that started before the preflight, or on another node, never
     saw them in its environment."""
-    from archsearch_kernels.dispatch import DISABLE_VAR, MODE_VAR
-
     return {name: os.environ.get(name) for name in (MODE_VAR, DISABLE_VAR)}
 
 
