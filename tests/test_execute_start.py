@@ -1,11 +1,12 @@
-"""How a run starts and ends its Ray: started on a thread of its own while the
-store is prepared, shut down with nothing left running, and the kernel
-settings of the driver carried to workers that started before them.
+"""How a run starts and ends its Ray: shut down with nothing left running or
+on disk, the driver's kernel settings carried to workers that started before
+them, and no torch in the driver of a CPU run.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -34,24 +35,24 @@ def marked(mark: str) -> list[str]:
 @pytest.mark.ray
 @pytest.mark.slow
 @pytest.mark.parametrize("ending", ["finished", "interrupted while Ray starts"])
-def test_a_run_leaves_no_ray_process_behind(ending, tmp_path, corpus):
-    """`archsearch run` ends (its trials done, or Ctrl-C while ray.init runs
-    beside the store's preparation) and none of the processes it started
-    (GCS, raylet, agents, workers) outlives it. Planted mutation: letting the
-    thread that ran ray.init end once Ray is up kills the GCS under the run
-    (Linux's parent-death signal follows the thread), so the finished run fails."""
+def test_a_run_leaves_no_ray_process_or_folder_behind(ending, tmp_path, corpus):
+    """`archsearch run` ends (its trials done, or Ctrl-C while Ray starts) and
+    none of the processes it started (GCS, raylet, agents, workers) outlives
+    it, nor its private Ray's folder. Planted mutations: leaving out the
+    folder's removal after `ray.shutdown` fails the finished run; leaving out
+    the clean-up of a start that was interrupted fails the other."""
     path = write_study(tmp_path, corpus, steps=2, eval_every=1)
-    store, mark = tmp_path / "s.duckdb", f"ARCHSEARCH_TEST_RUN={uuid.uuid4().hex}"
-    name, value = mark.split("=")
+    store, name, value = tmp_path / "s.duckdb", "ARCHSEARCH_TEST_RUN", uuid.uuid4().hex
     process = subprocess.Popen([sys.executable, "-m", "archsearch.cli", "run", str(path), "--store", str(store),
                                 "--report", str(tmp_path / "r.html")], cwd=ROOT, env=dict(os.environ, **{name: value}),
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline, gcs = time.monotonic() + 120, []
+    while time.monotonic() < deadline and not gcs and process.poll() is None:
+        gcs = [line for line in marked(f"{name}={value}") if "gcs_server" in line]
+        time.sleep(0.05)
+    assert gcs, process.stderr.read()
+    folder = Path(re.search(r"--log_dir=(/\S*?/asray-[^/]+)/", gcs[0]).group(1))
     if ending != "finished":
-        deadline = time.monotonic() + 120
-        # The study's rows are in the store once Ray's thread has begun; its GCS is up soon after.
-        while time.monotonic() < deadline and not any("gcs_server" in line for line in marked(mark)):
-            time.sleep(0.05)
-        assert process.poll() is None, process.stderr.read()
         process.send_signal(signal.SIGINT)
     code = process.wait(timeout=300)
     stderr = process.stderr.read()
@@ -59,13 +60,14 @@ def test_a_run_leaves_no_ray_process_behind(ending, tmp_path, corpus):
         assert code == 0, stderr
     else:
         assert code == 130 and "interrupted; finished trials are saved" in stderr, stderr
-    assert marked(mark) == []
+    assert marked(f"{name}={value}") == []
+    assert not folder.exists()
 
 
 @pytest.fixture(scope="module")
 def ray_started_first():
-    """A private Ray started before anything below changes the environment, as
-    ``run_study`` now starts its own before the kernels' preflight."""
+    """A private Ray started before anything below changes the environment (a
+    notebook's own ``ray.init``, or a cluster's nodes, started before the run)."""
     import shutil
 
     import ray
@@ -82,10 +84,9 @@ def ray_started_first():
 def test_a_kernel_the_preflight_turned_off_is_off_in_workers_started_before_it(ray_started_first, tmp_path,
                                                                                corpus, monkeypatch):
     """The preflight turns a broken kernel off through an environment
-    variable, which a worker started before it (Ray's start now overlaps the
-    preflight) or on another node never sees: the trial's task takes the
-    driver's settings with it (planted mutation: leaving them out of the
-    payload leaves the worker's variable unset)."""
+    variable, which a worker started before it or on another node never sees:
+    the trial's task takes the driver's settings with it (planted mutation:
+    not applying them in the task leaves the worker's variable unset)."""
     from archsearch.execute import driver
     from archsearch_kernels import dispatch
 

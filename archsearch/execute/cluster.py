@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import sys
 import tempfile
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -48,63 +46,14 @@ def start_ray(address: str | None) -> str | None:
     # cluster under /tmp/ray and so never joins this one. Short prefix: Ray
     # puts unix sockets in it, whose paths are capped near 107 bytes.
     folder = tempfile.mkdtemp(prefix="asray-", dir="/tmp" if os.path.isdir("/tmp") else None)
-    with _loopback_only(), _only_what_a_local_run_needs():
-        ray.init(address="local", _temp_dir=folder, **quiet)
-    return folder
-
-
-class RayStart:
-    """``start_ray`` on a thread of its own, so a run prepares its store and
-    checks its kernels while Ray starts (seconds, mostly waiting on Ray's
-    processes). Nothing starts when this process already runs Ray. ``wait``
-    before the first task (re-raises a failed start here); ``stop`` shuts down
-    what it started.
-
-    The thread lives until ``stop``: Ray starts its GCS and raylet with a
-    parent-death signal, which Linux sends when the *thread* that started
-    them ends, not the process.
-    """
-
-    def __init__(self, address: str | None):
-        import ray
-
-        self.owned, self.folder, self._error = not ray.is_initialized(), None, None
-        self._started, self._stopping = threading.Event(), threading.Event()
-        self._thread = threading.Thread(target=self._hold, args=(address,), name="ray.init", daemon=True)
-        if self.owned:
-            if threading.current_thread() is threading.main_thread():
-                # What ray.init sets when called on the main thread: a SIGTERM
-                # exits through atexit, which shuts Ray down.
-                signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(signum))
-            self._thread.start()
-        else:
-            self._started.set()
-
-    def _hold(self, address: str | None) -> None:
-        try:
-            self.folder = start_ray(address)
-        except BaseException as err:  # raised again in wait(), on the run's own thread
-            self._error = err
-        finally:
-            self._started.set()
-        self._stopping.wait()
-
-    def wait(self) -> None:
-        self._started.wait()
-        if self._error is not None:
-            raise self._error
-
-    def stop(self) -> None:
-        import ray
-
-        if not self.owned:
-            return
-        self._started.wait()
+    try:
+        with _loopback_only(), _only_what_a_local_run_needs():
+            ray.init(address="local", _temp_dir=folder, **quiet)
+    except BaseException:  # Ctrl-C while it starts, too: nothing of it outlives the run
         ray.shutdown()
-        self._stopping.set()
-        self._thread.join()
-        if self.folder is not None:
-            shutil.rmtree(self.folder, ignore_errors=True)
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    return folder
 
 
 def _recorded_cluster() -> str:

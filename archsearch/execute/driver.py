@@ -15,13 +15,14 @@ up to ``execution.retries`` times, each attempt counted in the store.
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from archsearch.execute.cluster import RayStart, per_trial, trials_at_once
+from archsearch.execute.cluster import per_trial, start_ray, trials_at_once
 from archsearch.execute.preflight import kernel_settings, preflight_kernels
 from archsearch.execute.progress import TrialProgress
 from archsearch.execute.task import _trial_task
@@ -70,24 +71,17 @@ def run_study(study: Study, *, store: str | Path = "archsearch.duckdb", address:
                      text=_file_text(origin.path) if origin else None)
         db.mark_interrupted()  # we hold the lock: whatever is still `running` lost its driver
         searcher = make_searcher(study, store=str(store), known=db.trial_rows(), rungs=db.rung_rows())
-        # Ray starts beside the rest of the preparation: the grid's rows, the kernels' check.
-        ray_start = None if searcher.exhausted else RayStart(address)
-        try:
-            grid = study.search.sampler == "grid" and study.search.probe is None
-            if grid:  # the whole grid shows in `status` before anything runs
-                trials = plan(study)
-                db.add_trials(study.name, [t.to_dict() for t in trials])
-                planned, skipped = len(trials), len(trials) - searcher.expected
-            counts = {"completed": 0, "failed": 0, "diverged": 0}
-            if ray_start is not None:
-                preflight_kernels(study.name, db, [t.spec for t in trials] if grid else None)
-                with TrialProgress(total=searcher.expected, enabled=show_progress,
-                                   heartbeat_s=heartbeat_s) as progress:
-                    counts = _run_on_ray(searcher, db, study, store=store, ray_start=ray_start,
-                                         max_parallel=max_parallel, progress=progress)
-        finally:
-            if ray_start is not None:
-                ray_start.stop()
+        grid = study.search.sampler == "grid" and study.search.probe is None
+        if grid:  # the whole grid shows in `status` before anything runs
+            trials = plan(study)
+            db.add_trials(study.name, [t.to_dict() for t in trials])
+            planned, skipped = len(trials), len(trials) - searcher.expected
+        counts = {"completed": 0, "failed": 0, "diverged": 0}
+        if not searcher.exhausted:
+            preflight_kernels(study.name, db, [t.spec for t in trials] if grid else None)
+            with TrialProgress(total=searcher.expected, enabled=show_progress, heartbeat_s=heartbeat_s) as progress:
+                counts = _run_on_ray(searcher, db, study, store=store, address=address,
+                                     max_parallel=max_parallel, progress=progress)
         _store_search_records(searcher, db, study.name)
         if not grid:
             planned = len(db.trials(study.name))
@@ -97,25 +91,32 @@ def run_study(study: Study, *, store: str | Path = "archsearch.duckdb", address:
                       wall_time_s=time.perf_counter() - start)
 
 
-def _run_on_ray(searcher: Searcher, db: Store, study: Study, *, store: str | Path, ray_start: RayStart,
+def _run_on_ray(searcher: Searcher, db: Store, study: Study, *, store: str | Path, address: str | None,
                 max_parallel: int | None, progress: TrialProgress) -> dict[str, int]:
     import ray
 
-    ray_start.wait()
     execution = study.execution
-    needs, workers = per_trial(execution), execution.workers_per_trial
-    # A trial's workers wait for each other: never start more trials than all their workers fit.
-    scaled, resources = {name: need * workers for name, need in needs.items()}, ray.cluster_resources()
-    width = trials_at_once(scaled, resources, max_parallel=max_parallel or execution.max_parallel)
-    if workers > 1:
-        width = min(width, trials_at_once(scaled, resources, max_parallel="auto"))
-    options = dict(num_cpus=needs["CPU"], num_gpus=needs["GPU"], max_retries=0)
-    if needs["memory"]:
-        options["memory"] = needs["memory"]
-    task = ray.remote(num_returns="streaming", **options)(_trial_task)
-    return _Drain(searcher, db, task, study=study.name, store=store, storage=_storage(study),
-                  threads=execution.threads_per_trial, retries=execution.retries, progress=progress,
-                  workers=dict(count=workers, options=options), kernels=kernel_settings()).run(width)
+    owns_ray = not ray.is_initialized()
+    private_dir = start_ray(address) if owns_ray else None
+    try:
+        needs, workers = per_trial(execution), execution.workers_per_trial
+        # A trial's workers wait for each other: never start more trials than all their workers fit.
+        scaled, resources = {name: need * workers for name, need in needs.items()}, ray.cluster_resources()
+        width = trials_at_once(scaled, resources, max_parallel=max_parallel or execution.max_parallel)
+        if workers > 1:
+            width = min(width, trials_at_once(scaled, resources, max_parallel="auto"))
+        options = dict(num_cpus=needs["CPU"], num_gpus=needs["GPU"], max_retries=0)
+        if needs["memory"]:
+            options["memory"] = needs["memory"]
+        task = ray.remote(num_returns="streaming", **options)(_trial_task)
+        return _Drain(searcher, db, task, study=study.name, store=store, storage=_storage(study),
+                      threads=execution.threads_per_trial, retries=execution.retries, progress=progress,
+                      workers=dict(count=workers, options=options), kernels=kernel_settings()).run(width)
+    finally:
+        if owns_ray:
+            ray.shutdown()
+            if private_dir is not None:
+                shutil.rmtree(private_dir, ignore_errors=True)
 
 
 class _Drain:
@@ -132,7 +133,7 @@ class _Drain:
                  storage: str | None, threads: int, retries: int, progress: TrialProgress, workers: dict,
                  kernels: dict[str, str | None]):
         self.searcher, self.db, self.task, self.study, self.workers = searcher, db, task, study, workers
-        self.kernels = kernels
+        self.kernels = kernels  # the driver's kernel settings, for every trial's task
         self.store, self.storage, self.threads, self.retries, self.progress = store, storage, threads, retries, progress
         self.counts = {"completed": 0, "failed": 0, "diverged": 0}
         self.running: dict[Any, tuple[Job, int, float]] = {}  # generator -> job, attempt, started
