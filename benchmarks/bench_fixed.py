@@ -77,7 +77,7 @@ def main() -> None:
     print(f"{'leaked procs':<16}" + "".join(f"{max(r['leaked'] for r in runs[name]):>16d}" for name in trees))
     for name in trees:
         print(f"{name}: run_study " + ", ".join(f"{r['run_study']:.2f}" for r in runs[name])
-              + f"; ray.init started at " + ", ".join(f"{r['ray.init at']:.2f}" for r in runs[name])
+              + "; ray.init started at " + ", ".join(f"{r['ray.init at']:.2f}" for r in runs[name])
               + f"; trial on a warm worker {sum(r['warm'] for r in runs[name])} of {len(runs[name])}"
               + f"; driver imported torch {sum(r['driver torch'] for r in runs[name])} of {len(runs[name])}")
 
