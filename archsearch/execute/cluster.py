@@ -9,6 +9,7 @@ finds it) and every server listens on 127.0.0.1 only.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -45,8 +46,13 @@ def start_ray(address: str | None) -> str | None:
     # cluster under /tmp/ray and so never joins this one. Short prefix: Ray
     # puts unix sockets in it, whose paths are capped near 107 bytes.
     folder = tempfile.mkdtemp(prefix="asray-", dir="/tmp" if os.path.isdir("/tmp") else None)
-    with _loopback_only():
-        ray.init(address="local", _temp_dir=folder, **quiet)
+    try:
+        with _loopback_only(), _only_what_a_local_run_needs():
+            ray.init(address="local", _temp_dir=folder, **quiet)
+    except BaseException:  # Ctrl-C while it starts, too: nothing of it outlives the run
+        ray.shutdown()
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
     return folder
 
 
@@ -85,6 +91,31 @@ def _loopback_only() -> Iterator[None]:
             os.environ.pop(variable, None)
         else:
             os.environ[variable] = saved_env
+
+
+@contextmanager
+def _only_what_a_local_run_needs() -> Iterator[None]:
+    """A private single-node Ray without the processes such a run never uses:
+    the autoscaler's monitor (one fixed node never scales) and the log monitor
+    (workers' logs are not sent to the driver), each also held for a second
+    on shutdown; and the minimal dashboard (no web UI is served), which Ray
+    otherwise chooses by importing aiohttp and co in the driver. Measured in
+    benchmarks/bench_fixed.py; Ray offers none of these in ``ray.init``, so
+    its own switches are set while it starts."""
+    from ray._private import parameter, utils
+
+    saved_params, saved_check = parameter.RayParams.__init__, utils.get_dashboard_dependency_error
+
+    def params(self, *args, **kwargs) -> None:
+        saved_params(self, *args, **kwargs)
+        self.no_monitor, self.include_log_monitor = True, False
+
+    parameter.RayParams.__init__ = params
+    utils.get_dashboard_dependency_error = lambda: ImportError("a local run serves no dashboard")
+    try:
+        yield
+    finally:
+        parameter.RayParams.__init__, utils.get_dashboard_dependency_error = saved_params, saved_check
 
 
 def per_trial(execution: Any) -> dict[str, float]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -24,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from archsearch.execute.cluster import per_trial, start_ray, trials_at_once
-from archsearch.execute.parallel import data_parallel_ranks
-from archsearch.execute.preflight import preflight_checks, preflight_kernels
+from archsearch.execute.preflight import kernel_settings, preflight_checks, preflight_kernels
 from archsearch.execute.progress import TrialProgress
+from archsearch.execute.task import _trial_task
 from archsearch.planner import PlannedTrial, plan
 from archsearch.search import Job, Searcher
 from archsearch.space.schema import Study
@@ -93,53 +92,6 @@ def run_study(study: Study, *, store: str | Path = "archsearch.duckdb", address:
                       wall_time_s=time.perf_counter() - start)
 
 
-def _trial_task(payload: dict):
-    """Runs inside a Ray worker: yields ("resumed", step) when it starts from
-    a checkpoint, ("eval", row) as the trial evaluates, then ("result",
-    TrialResult dict). Training runs on a thread so its evaluations can
-    leave while it goes on."""
-    import queue
-    import threading
-
-    from archsearch.arch.spec import ArchSpec
-    from archsearch.train import checkpoint, train_trial
-
-    rows: queue.Queue = queue.Queue()
-    outcome: dict = {}
-    location = payload["checkpoint_dir"]
-    # Object storage: train into a local folder, mirrored there after each write.
-    local = tempfile.mkdtemp(prefix="archsearch-trial-") if checkpoint.is_uri(location) else None
-    if local is not None:
-        checkpoint.pull(location, local)
-
-    def train() -> None:
-        try:
-            with data_parallel_ranks(payload) as rank:
-                outcome["result"] = train_trial(
-                    spec=ArchSpec.from_dict(payload["spec"]), recipe=payload["recipe"], data=payload["data"],
-                    seed=payload["seed"], threads=payload["threads"], checkpoint_dir=local or location,
-                    stop_at=payload["stop_at"], on_eval=rows.put, rank=rank,
-                    on_checkpoint=(lambda folder: checkpoint.push(folder, location)) if local else None).to_dict()
-        except BaseException as err:  # re-raised below, in the task's own thread
-            outcome["error"] = err
-        finally:
-            rows.put(None)
-            if local is not None:
-                shutil.rmtree(local, ignore_errors=True)
-
-    found = checkpoint.latest(local or location)
-    if found is not None:
-        yield ("resumed", int(found.name.removeprefix(checkpoint.STEP_PREFIX)))
-    thread = threading.Thread(target=train, name="trial", daemon=True)
-    thread.start()
-    while (row := rows.get()) is not None:
-        yield ("eval", row)
-    thread.join()
-    if "error" in outcome:
-        raise outcome["error"]
-    yield ("result", outcome["result"])
-
-
 def _run_on_ray(searcher: Searcher, db: Store, study: Study, *, store: str | Path, address: str | None,
                 max_parallel: int | None, progress: TrialProgress) -> dict[str, int]:
     import ray
@@ -160,7 +112,7 @@ def _run_on_ray(searcher: Searcher, db: Store, study: Study, *, store: str | Pat
         task = ray.remote(num_returns="streaming", **options)(_trial_task)
         return _Drain(searcher, db, task, study=study.name, store=store, storage=_storage(study),
                       threads=execution.threads_per_trial, retries=execution.retries, progress=progress,
-                      workers=dict(count=workers, options=options)).run(width)
+                      workers=dict(count=workers, options=options), kernels=kernel_settings()).run(width)
     finally:
         if owns_ray:
             ray.shutdown()
@@ -179,8 +131,10 @@ class _Drain:
     """
 
     def __init__(self, searcher: Searcher, db: Store, task: Any, *, study: str, store: str | Path,
-                 storage: str | None, threads: int, retries: int, progress: TrialProgress, workers: dict):
+                 storage: str | None, threads: int, retries: int, progress: TrialProgress, workers: dict,
+                 kernels: dict[str, str | None]):
         self.searcher, self.db, self.task, self.study, self.workers = searcher, db, task, study, workers
+        self.kernels = kernels  # the driver's kernel settings, for every trial's task
         self.store, self.storage, self.threads, self.retries, self.progress = store, storage, threads, retries, progress
         self.counts = {"completed": 0, "failed": 0, "diverged": 0}
         self.running: dict[Any, tuple[Job, int, float]] = {}  # generator -> job, attempt, started
@@ -257,7 +211,7 @@ class _Drain:
     def _submit(self, job: Job, *, attempt: int) -> None:
         trial = job.trial
         payload = dict(spec=trial.spec.to_dict(), recipe=trial.recipe, data=trial.data, seed=trial.seed,
-                       threads=self.threads, stop_at=job.stop_at, workers=self.workers,
+                       threads=self.threads, stop_at=job.stop_at, workers=self.workers, kernels=self.kernels,
                        checkpoint_dir=str(checkpoint_dir(self.store, trial.trial_id, storage=self.storage)))
         self.running[self.task.remote(payload)] = (job, attempt, time.perf_counter())
 

@@ -60,8 +60,10 @@ def data_parallel_ranks(payload: dict) -> Iterator[Any]:
 def _other_rank(payload: dict, *, rank: int, meeting: str) -> None:
     """Ranks 1..N-1: the same training, reading the trial's checkpoint, writing nothing."""
     from archsearch.arch.spec import ArchSpec
+    from archsearch.execute.preflight import use_kernel_settings
     from archsearch.train import checkpoint, train_trial
 
+    use_kernel_settings(payload["kernels"])
     location = payload["checkpoint_dir"]
     local = tempfile.mkdtemp(prefix="archsearch-rank-") if checkpoint.is_uri(location) else None
     try:

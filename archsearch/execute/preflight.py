@@ -9,11 +9,17 @@ and the failure is recorded in the store, instead of every trial failing on it.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
+import os
+import sys
 from collections.abc import Iterable
 
 from archsearch.arch.spec import ArchSpec
 from archsearch.errors import SpecError
+
+# The settings archsearch_kernels.dispatch reads, named here without importing it (and torch).
+MODE_VAR, DISABLE_VAR = "ARCHSEARCH_KERNELS", "ARCHSEARCH_KERNELS_DISABLE"
 
 
 def kernels_used(specs: Iterable[ArchSpec]) -> list[str]:
@@ -37,6 +43,12 @@ def preflight_kernels(study_name: str, db, specs: Iterable[ArchSpec] | None, *, 
     """Check the kernels `specs` use (every op when None: a sampled search's models are not
     known yet) on `device` (CUDA when present; on a CPU nothing runs Triton, so nothing is
     checked). Records and warns about each failure; returns {op: why}."""
+    setting = os.environ.get(MODE_VAR, "auto").strip().lower() or "auto"
+    if setting == "reference" or (setting == "auto" and device is None and _no_cuda_here()):
+        # Nothing would run Triton: told without importing torch (1-4 s), which the driver
+        # of a run needs for nothing else.
+        db.record_kernel_preflight(study_name, {})
+        return {}
     import torch
     from archsearch_kernels import dispatch
 
@@ -93,3 +105,31 @@ def preflight_checks(study, db, trials: list | None = None) -> None:
     if origin is None:
         raise SpecError(line, field="checks", hint=hint)
     raise origin.error(line, loc=("checks",), hint=hint)
+
+
+def _no_cuda_here() -> bool:
+    """Whether torch here can never see a CUDA device, told without importing it: a CPU build
+    (its version ends in +cpu), or macOS."""
+    if sys.platform == "darwin":
+        return True
+    try:
+        return importlib.metadata.version("torch").endswith("+cpu")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
+def kernel_settings() -> dict[str, str | None]:
+    """This process's kernel settings (the mode, the ops a preflight turned off), for a trial's
+    task to take along: a worker that started before the preflight, or on another node, never
+    saw them in its environment."""
+    return {name: os.environ.get(name) for name in (MODE_VAR, DISABLE_VAR)}
+
+
+def use_kernel_settings(settings: dict[str, str | None]) -> None:
+    """In a worker, before its trial: the driver's kernel settings, whatever this process had
+    (a reused worker may have run another study's trial)."""
+    for name, value in settings.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value

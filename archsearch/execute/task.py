@@ -1,0 +1,61 @@
+"""The task a trial runs as in a Ray worker, in a module of its own: a worker
+unpickles it by importing this module, so it imports what training needs
+(torch and the model code, on the task's first lines) and none of the driver's
+store, planner or search.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+
+from archsearch.execute.parallel import data_parallel_ranks
+from archsearch.execute.preflight import use_kernel_settings
+
+
+def _trial_task(payload: dict):
+    """Runs inside a Ray worker: yields ("resumed", step) when it starts from
+    a checkpoint, ("eval", row) as the trial evaluates, then ("result",
+    TrialResult dict). Training runs on a thread so its evaluations can
+    leave while it goes on."""
+    import queue
+    import threading
+
+    from archsearch.arch.spec import ArchSpec
+    from archsearch.train import checkpoint, train_trial
+
+    use_kernel_settings(payload["kernels"])
+    rows: queue.Queue = queue.Queue()
+    outcome: dict = {}
+    location = payload["checkpoint_dir"]
+    # Object storage: train into a local folder, mirrored there after each write.
+    local = tempfile.mkdtemp(prefix="archsearch-trial-") if checkpoint.is_uri(location) else None
+    if local is not None:
+        checkpoint.pull(location, local)
+
+    def train() -> None:
+        try:
+            with data_parallel_ranks(payload) as rank:
+                outcome["result"] = train_trial(
+                    spec=ArchSpec.from_dict(payload["spec"]), recipe=payload["recipe"], data=payload["data"],
+                    seed=payload["seed"], threads=payload["threads"], checkpoint_dir=local or location,
+                    stop_at=payload["stop_at"], on_eval=rows.put, rank=rank,
+                    on_checkpoint=(lambda folder: checkpoint.push(folder, location)) if local else None).to_dict()
+        except BaseException as err:  # re-raised below, in the task's own thread
+            outcome["error"] = err
+        finally:
+            rows.put(None)
+            if local is not None:
+                shutil.rmtree(local, ignore_errors=True)
+
+    found = checkpoint.latest(local or location)
+    if found is not None:
+        yield ("resumed", int(found.name.removeprefix(checkpoint.STEP_PREFIX)))
+    thread = threading.Thread(target=train, name="trial", daemon=True)
+    thread.start()
+    while (row := rows.get()) is not None:
+        yield ("eval", row)
+    thread.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    yield ("result", outcome["result"])
