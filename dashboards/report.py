@@ -142,11 +142,11 @@ def write_pngs(store: Store, folder: str | Path, *, study: str | None = None,
     finds (``BROWSER_PATH`` names one); either missing is one ValueError
     that says how to fix it.
     """
-    figures = report_figures(store, study)
     try:
-        import kaleido  # noqa: F401  (plotly draws through it; checked here for a clear message)
+        import kaleido  # noqa: F401  (plotly draws through it; checked first for a clear message)
     except ImportError:
         raise ValueError("PNG export needs kaleido: pip install 'archsearch[png]'") from None
+    figures = report_figures(store, study)
     import plotly.io as pio
 
     folder = Path(folder)
