@@ -353,13 +353,22 @@ def _with_d(point: dict) -> set[str]:
 @user_errors
 def report(output: Annotated[Optional[Path], typer.Option(
                "-o", "--output", help="HTML file to write [default: reports/STUDY.html, as run writes]")] = None,
-           store: StoreOpt = DEFAULT_STORE, study: StudyOpt = None):
-    """A self-contained interactive HTML report."""
-    from archsearch_dashboards.report import write_report
+           store: StoreOpt = DEFAULT_STORE, study: StudyOpt = None,
+           png: Annotated[Optional[Path], typer.Option(
+               "--png", help="folder to write each figure as NAME.png (needs the png extra); "
+                             "then the HTML only with -o")] = None):
+    """A self-contained interactive HTML report, or its figures as PNG files."""
+    from archsearch_dashboards.report import write_pngs, write_report
 
     import archsearch as A
 
     with A.open_store(store, read_only=True) as db:
+        if png is not None:
+            with _writing(png, "PNG files to"):
+                for path in write_pngs(db, png, study=study):
+                    typer.echo(f"png: {path}")
+            if output is None:
+                return
         names = db.studies().column("name").to_pylist()
         output = output or _default_report(study or (names[0] if len(names) == 1 else None))
         with _writing(output, "the report"):

@@ -35,6 +35,8 @@ DEFAULT_OBJECTIVES = [("val_loss", "min"), ("params", "min")]
 MAX_CURVES = 60
 # The trials table lists the front and at most this many of each arm's best; a line counts the rest.
 MAX_TABLE_PER_ARM = 20
+# Pixel size of an exported PNG: the report's figure box (1100 px page, 520 px high).
+PNG_WIDTH, PNG_HEIGHT = 1000, 520
 # Columns the views never read, left in the store (each would be 100,000 dict
 # entries per redraw at the large end).
 UNREAD = ("recipe", "data", "created_at", "finished_at", "seed", "train_loss", "val_accuracy", "steps", "tokens",
@@ -96,18 +98,29 @@ def views(rows: list[dict], metrics: list[dict]) -> dict[str, go.Figure]:
             "curves": curves_figure(rows, metrics), "plan": plan_figure(best)}
 
 
-def write_report(store: Store, path: str | Path, *, study: str | None = None) -> Path:
-    """Write the report of ``study`` (all studies if None) to ``path``; returns it."""
+def report_figures(store: Store, study: str | None, rows: list[dict] | None = None) -> dict[str, go.Figure]:
+    """Every figure of the report by name: the views, then ``profile-I`` per stored analysis."""
+    rows = rows if rows is not None else _rows(store, study)
+    figures = views(rows, curve_metrics(store, curve_trials(rows)))
+    for i, fig in enumerate(profile_figures(profile_rows(store, {r["trial_id"] for r in rows}))):
+        figures[f"profile-{i}"] = fig
+    return figures
+
+
+def _rows(store: Store, study: str | None) -> list[dict]:
     rows = completed_rows(store, study)
     if not rows:
         raise ValueError(f"no completed trials{f' in study {study}' if study else ''} to report")
-    metrics = curve_metrics(store, curve_trials(rows))
+    return rows
+
+
+def write_report(store: Store, path: str | Path, *, study: str | None = None) -> Path:
+    """Write the report of ``study`` (all studies if None) to ``path``; returns it."""
+    rows = _rows(store, study)
     from plotly.offline import get_plotlyjs
 
     parts = [f"<script>{get_plotlyjs()}</script>"]
-    parts += [_figure_html(name, fig) for name, fig in views(rows, metrics).items()]
-    parts += [_figure_html(f"profile-{i}", fig)
-              for i, fig in enumerate(profile_figures(profile_rows(store, {r["trial_id"] for r in rows})))]
+    parts += [_figure_html(name, fig) for name, fig in report_figures(store, study, rows).items()]
     title = f"archsearch report: {study or 'all studies'}"
     page = _PAGE.format(title=html.escape(title), when=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                         count=len(rows), figures="\n".join(f"<section>{p}</section>" for p in parts),
@@ -116,6 +129,35 @@ def write_report(store: Store, path: str | Path, *, study: str | None = None) ->
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(page, encoding="utf-8")
     return path
+
+
+def write_pngs(store: Store, folder: str | Path, *, study: str | None = None,
+               width: int = PNG_WIDTH, height: int = PNG_HEIGHT) -> list[Path]:
+    """Write every figure of the report as ``folder/NAME.png`` (the same Plotly
+    figures, drawn by kaleido in headless Chrome or Chromium); returns the paths.
+
+    Needs the ``png`` extra (kaleido) and a Chrome or Chromium that kaleido
+    finds (``BROWSER_PATH`` names one); either missing is one ValueError
+    that says how to fix it.
+    """
+    try:
+        import kaleido  # noqa: F401  (plotly draws through it; checked first for a clear message)
+    except ImportError:
+        raise ValueError("PNG export needs kaleido: pip install 'archsearch[png]'") from None
+    figures = report_figures(store, study)
+    import plotly.io as pio
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = [folder / f"{name}.png" for name in figures]
+    try:
+        pio.write_images(list(figures.values()), paths, format="png", width=width, height=height)
+    except RuntimeError as err:
+        if "Chrome" not in str(err):
+            raise
+        raise ValueError("PNG export needs Chrome or Chromium: apt-get install chromium, "
+                         "or set BROWSER_PATH=/path/to/chrome") from None
+    return paths
 
 
 def _figure_html(name: str, fig: go.Figure) -> str:
