@@ -430,6 +430,9 @@ def bench(study: StudyArg,
           threads: Annotated[Optional[int], typer.Option(help="torch threads (default: the study's threads_per_trial)")]
           = None,
           batch_size: Annotated[Optional[int], typer.Option(help="override the recipe's batch size")] = None,
+          compile_backend: Annotated[Optional[str], typer.Option(
+              "--compile", help="also time each trial under torch.compile with this backend: inductor, aot_eager "
+                                "or eager")] = None,
           as_json: JsonOpt = False):
     """Time a training step of the study's planned architectures: tokens/s, MFU, peak memory."""
     import archsearch as A
@@ -446,7 +449,8 @@ def bench(study: StudyArg,
         raise ValueError(f"--rounds {rounds}: time at least one round")
     result = bench_trials(trials, [trial] if trial is not None else list(range(len(trials))), rounds=rounds,
                           kernels=choices[kernels], compare_hf=hf,
-                          threads=threads or loaded.execution.threads_per_trial, batch_size=batch_size)
+                          threads=threads or loaded.execution.threads_per_trial, batch_size=batch_size,
+                          compile_backend=compile_backend)
     if as_json:
         typer.echo(json.dumps(result, indent=2))
         return

@@ -373,10 +373,12 @@ def bench_table(study: str, result: dict) -> None:
     """``archsearch bench``: one row per trial and implementation, the step's speed and memory."""
     title = (f"{study}: {result['device']}, {result['threads']} threads, {result['dtype']}, "
              f"matmul {result['matmul_tflops'] * 1e3:.1f} GFLOP/s, median of {result['rounds']} rounds")
-    columns = ["trial", "family", "impl", "kernels", "params", "step ms", "tokens/s", "MFU", "peak MB"]
-    table = _table(title, columns, text=("family", "impl", "kernels"))
+    columns = ["trial", "family", "impl", "kernels", "compile", "params", "step ms", "tokens/s", "MFU", "peak MB",
+               "x HF"]
+    table = _table(title, columns, text=("family", "impl", "kernels", "compile"))
     for row in result["rows"]:
+        compiled = "-" if row["compile"] == "-" else f"{row['compile']} ({row['compile_s']:.0f} s)"
         table.add_row(str(row["trial"]), plain(row["family"]), plain(row["impl"]), plain(row["kernels"]),
-                      _fmt(row["params"]), _fmt(row["step_ms"]), _fmt(row["tokens_per_s"]), f"{row['mfu']:.1%}",
-                      _fmt(row["peak_mb"]))
+                      plain(compiled), _fmt(row["params"]), _fmt(row["step_ms"]), _fmt(row["tokens_per_s"]),
+                      f"{row['mfu']:.1%}", _fmt(row["peak_mb"]), "-" if row["vs_hf"] is None else f"{row['vs_hf']:.2f}x")
     _print(console(), table, wide=True)

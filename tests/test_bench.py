@@ -54,13 +54,44 @@ def test_rounds_interleave_every_configuration(monkeypatch):
     order = []
 
     def config(name):
-        return bench._Config(row=dict(trial=0, trial_id=name, family="f", impl="archsearch", kernels="off", params=1),
+        return bench._Config(row=dict(trial=0, trial_id=name, family="f", impl="archsearch", kernels="off",
+                                      compile="-", params=1),
                              model=torch.nn.Linear(1, 1), step=lambda: order.append(name), tokens=1, flops=1.0)
 
     monkeypatch.setattr(bench, "_configs", lambda *a, **k: [config("a"), config("b")])
     monkeypatch.setattr(bench, "_matmul_step", lambda device, dtype: (lambda: order.append("matmul"), 1.0))
     bench.bench_trials([], [], rounds=2, warmup=1, device="cpu")
     assert order == ["a", "b"] + ["matmul", "a", "b"] * 3  # first the untimed memory count
+
+
+def test_a_compiled_row_beside_each_eager_one(tiny_study):
+    """--compile times the same trial as torch.compile(model) next to eager: same parameters,
+    its own timings and the first (compiling) step kept out of the rounds. The eager backend
+    only traces, so the test stays fast; inductor is what docs/performance.md measures."""
+    result = invoke(tiny_study, "--json", "--trial", "0", "--rounds", "1", "--no-hf", "--batch-size", "2",
+                    "--compile", "eager")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    eager, compiled = report["rows"]
+    assert (eager["compile"], compiled["compile"], report["compile"]) == ("-", "eager", "eager")
+    assert eager["params"] == compiled["params"] and eager["trial_id"] == compiled["trial_id"]
+    assert eager["compile_s"] == 0.0 and compiled["compile_s"] >= 0.0 and compiled["step_ms"] > 0
+    result = invoke(tiny_study, "--trial", "0", "--compile", "fast")
+    assert result.exit_code == 2 and "--compile 'fast': choose one of inductor, aot_eager, eager" in result.output
+
+
+def test_the_ratio_to_hugging_face_is_the_median_of_per_round_ratios():
+    """Round by round, so a slow spell that hits one round hits both sides of its ratio: the
+    per-round ratios 3, 1, 5 give 3, where the ratio of the medians (4 / 2) would give 2."""
+    def config(impl):
+        return bench._Config(row=dict(trial=0, impl=impl), model=torch.nn.Linear(1, 1), step=lambda: None,
+                             tokens=1, flops=1.0)
+
+    configs = [config("archsearch"), config("hf-llama")]
+    times = [[1.0, 4.0, 2.0], [3.0, 4.0, 10.0]]
+    assert bench._vs_hf(configs, times, 0) == 3.0
+    assert bench._vs_hf(configs, times, 1) is None
+    assert bench._vs_hf(configs[:1], times[:1], 0) is None
 
 
 def uniform_spec(mixer: str, mlp: str, width: int) -> ArchSpec:

@@ -85,6 +85,20 @@ def test_gate_adds_the_parameters_of_papers_section_7(gate, extra):
     assert gated - plain == extra
 
 
+def test_attention_is_rope_then_causal_softmax_attention_written_out():
+    """The fast path (q and k rotated together before the permute to heads, SDPA) against the
+    spec spelled out: heads split first, each of q and k rotated, the masked softmax. Fails if
+    k is left unrotated, the rotation's halves are swapped, or the mask is dropped."""
+    module = build("attention")
+    H, K = module.num_heads, module.head_dim
+    x_BTD = torch.randn(2, 11, 24)
+    B, T, D = x_BTD.shape
+    q, k, v = module.wqkv(x_BTD).view(B, T, 3, H, K).permute(2, 0, 3, 1, 4).unbind(0)
+    cos, sin = rope_tables(T, K, module.theta, x_BTD.device)
+    y_BHTK = attention_reference(apply_rope(q, cos, sin), apply_rope(k, cos, sin), v)
+    assert_close("y", module.wo(y_BHTK.transpose(1, 2).reshape(B, T, D)), module(x_BTD), atol=1e-5)
+
+
 @pytest.mark.parametrize("gate", ["elementwise", "headwise"])
 def test_gate_scales_each_heads_sdpa_output_before_the_output_projection(gate):
     """y = W_o flatten(SDPA(q, k, v) * sigmoid(gate)), gate [B, T, H, K] or [B, T, H, 1] from the input."""

@@ -5,7 +5,14 @@ Every configuration is timed in the same process, in interleaved rounds (one ste
 configuration per round, the median over rounds reported), so a noisy machine slows them all
 alike and the ratios between them hold. MFU is measured against a bare square matmul timed
 the same way, with the same threads and dtype, in the same rounds: the fraction of what this
-machine's matmul reaches right now, not of a datasheet figure.
+machine's matmul reaches right now, not of a datasheet figure. Each archsearch row with a Hugging
+Face twin also gets the median over rounds of the twin's step time over its own in the same
+round, the ratio a slow spell disturbs least.
+
+With `compile_backend` (a torch.compile backend: "inductor", or "eager" / "aot_eager" to check the
+tracing alone), each archsearch configuration is timed a second time as ``torch.compile(model)``,
+as ``recipe.compile`` trains it; its first step, which compiles, is run before the rounds and
+reported apart.
 
 A training step is forward, backward and an AdamW update on one random batch of the trial's
 batch size and sequence length (timings do not depend on the tokens). FLOPs per token are the
@@ -15,6 +22,7 @@ Dimensions: B batch, T time, V vocabulary.
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
 from collections.abc import Callable
@@ -28,6 +36,9 @@ from archsearch.data import Batch
 from archsearch.train.loop import training_loss
 
 MATMUL_SIZE = {"cpu": 1024, "cuda": 8192}
+# torch.compile backends worth timing: inductor generates code; the others only trace (eager
+# replays the captured graph, aot_eager also the traced backward), to tell the two costs apart
+COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
 
 
 @dataclass(frozen=True)
@@ -39,11 +50,14 @@ class BenchRow:
     family: str
     impl: str  # archsearch | hf-llama | hf-mamba
     kernels: str  # on (Triton where the op has a kernel) | off (PyTorch) | - (transformers)
+    compile: str  # the torch.compile backend, or - (eager)
     params: int  # every parameter of the built model
     step_ms: float
     tokens_per_s: float
     mfu: float  # achieved training FLOP/s over the bare matmul's
     peak_mb: float  # CUDA: max allocated in a step; CPU: weights, grads, AdamW moments and saved activations
+    compile_s: float  # the first step's time beyond a timed step's (tracing and code generation); 0 eager
+    vs_hf: float | None  # median over rounds of the HF twin's step time over this row's; None without a twin
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -124,7 +138,7 @@ def hf_equivalent(spec: ArchSpec, seq_len: int) -> tuple[str, torch.nn.Module] |
 
 
 def _configs(trials: list, indices: list[int], *, device: torch.device, kernels: list[str], compare_hf: bool,
-             autocast: bool, batch_size: int | None) -> list[_Config]:
+             autocast: bool, batch_size: int | None, compile_backend: str | None) -> list[_Config]:
     configs = []
     generator = torch.Generator().manual_seed(0)
     for index in indices:
@@ -134,17 +148,20 @@ def _configs(trials: list, indices: list[int], *, device: torch.device, kernels:
         data = Batch(inputs=tokens_BT[:, :-1], targets=tokens_BT[:, 1:])
         flops = trial.flops_per_token * batch * seq_len
         base = dict(trial=index, trial_id=trial.trial_id, family=trial.spec.family)
-        for setting in kernels:
+        for setting, backend in itertools.product(kernels, ["-"] + ([compile_backend] if compile_backend else [])):
             torch.manual_seed(trial.seed)
             model = build_model(trial.spec).to(device)
             mode = "triton" if setting == "on" else "reference"
-            configs.append(_Config(row=dict(base, impl="archsearch", kernels=setting, params=_count(model)),
-                                   model=model, step=_archsearch_step(model, data, mode, autocast), tokens=batch * seq_len,
-                                   flops=flops))
+            # the compiled module shares the model's parameters, as in the training loop
+            forward = model if backend == "-" else torch.compile(model, backend=backend)
+            configs.append(_Config(row=dict(base, impl="archsearch", kernels=setting, compile=backend,
+                                            params=_count(model)),
+                                   model=model, step=_archsearch_step(forward, data, mode, autocast),
+                                   tokens=batch * seq_len, flops=flops))
         hf = hf_equivalent(trial.spec, seq_len) if compare_hf else None
         if hf is not None:
             impl, model = hf
-            configs.append(_Config(row=dict(base, impl=impl, kernels="-", params=_count(model.to(device))),
+            configs.append(_Config(row=dict(base, impl=impl, kernels="-", compile="-", params=_count(model.to(device))),
                                    model=model, step=_hf_step(model, data, autocast), tokens=batch * seq_len, flops=flops))
     return configs
 
@@ -180,14 +197,35 @@ def _cpu_step_mb(model: torch.nn.Module, step: Callable[[], None]) -> float:
     return (state + sum(saved.values())) / 2**20
 
 
+def _timed(step: Callable[[], None], device: torch.device) -> float:
+    _sync(device)
+    start = time.perf_counter()
+    step()
+    _sync(device)
+    return time.perf_counter() - start
+
+
+def _vs_hf(configs: list[_Config], times: list[list[float]], i: int) -> float | None:
+    """The median over rounds of the HF twin's step time over configuration i's, round by round."""
+    row = configs[i].row
+    if row["impl"] != "archsearch":
+        return None
+    twins = [j for j, config in enumerate(configs)
+             if config.row["trial"] == row["trial"] and config.row["impl"].startswith("hf-")]
+    if not twins:
+        return None
+    return statistics.median(theirs / ours for theirs, ours in zip(times[twins[0]], times[i]))
+
+
 def bench_trials(trials: list, indices: list[int], *, rounds: int = 5, warmup: int = 1, kernels: list[str] | None = None,
                  compare_hf: bool = True, threads: int | None = None, device: str | None = None,
-                 batch_size: int | None = None) -> dict:
+                 batch_size: int | None = None, compile_backend: str | None = None) -> dict:
     """Time a training step of ``trials[i]`` for each i in `indices`; returns
     {"device", "threads", "dtype", "matmul_tflops", "rows": [BenchRow dicts]}.
 
     `kernels`: which of "on" / "off" to time (default: both on CUDA, "off" on a CPU, where
     Triton does not compile). bf16 autocast on CUDA, fp32 on a CPU (the matmul likewise).
+    `compile_backend`: a torch.compile backend; each archsearch configuration is also timed compiled.
     """
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if threads is not None:
@@ -195,36 +233,39 @@ def bench_trials(trials: list, indices: list[int], *, rounds: int = 5, warmup: i
     kernels = kernels or (["on", "off"] if dev.type == "cuda" else ["off"])
     if "on" in kernels and dev.type != "cuda":
         raise ValueError("bench: --kernels on needs a CUDA device (Triton compiles only for GPUs); use --kernels off")
+    if compile_backend is not None and compile_backend not in COMPILE_BACKENDS:
+        raise ValueError(f"bench: --compile {compile_backend!r}: choose one of {', '.join(COMPILE_BACKENDS)}")
     autocast = dev.type == "cuda"
     dtype = torch.bfloat16 if autocast else torch.float32
     configs = _configs(trials, indices, device=dev, kernels=kernels, compare_hf=compare_hf, autocast=autocast,
-                       batch_size=batch_size)
+                       batch_size=batch_size, compile_backend=compile_backend)
     matmul, matmul_flops = _matmul_step(dev, dtype)
     steps = [matmul] + [config.step for config in configs]
     times: list[list[float]] = [[] for _ in steps]
     peaks = [0.0] * len(steps)
+    # a compiled configuration compiles in its first step, kept out of the rounds
+    first = [_timed(config.step, dev) if config.row["compile"] != "-" else 0.0 for config in configs]
     if dev.type == "cpu":  # one untimed step each, counted (the hook would slow a timed one)
         peaks[1:] = [_cpu_step_mb(config.model, config.step) for config in configs]
     for round_index in range(warmup + rounds):
         for i, step in enumerate(steps):
             if dev.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(dev)
-            _sync(dev)
-            start = time.perf_counter()
-            step()
-            _sync(dev)
+            took = _timed(step, dev)
             if round_index >= warmup:
-                times[i].append(time.perf_counter() - start)
+                times[i].append(took)
             if dev.type == "cuda":
                 peaks[i] = max(peaks[i], torch.cuda.max_memory_allocated(dev) / 2**20)
     peak_flops = matmul_flops / statistics.median(times[0])
     rows = []
-    for config, took, peak in zip(configs, times[1:], peaks[1:]):
+    for i, (config, took, peak) in enumerate(zip(configs, times[1:], peaks[1:])):
         seconds = statistics.median(took)
         rows.append(BenchRow(**config.row, step_ms=1e3 * seconds, tokens_per_s=config.tokens / seconds,
-                             mfu=config.flops / seconds / peak_flops, peak_mb=peak).to_dict())
+                             mfu=config.flops / seconds / peak_flops, peak_mb=peak,
+                             compile_s=max(0.0, first[i] - seconds) if config.row["compile"] != "-" else 0.0,
+                             vs_hf=_vs_hf(configs, times[1:], i)).to_dict())
     return dict(device=str(dev), threads=torch.get_num_threads(), dtype=str(dtype).removeprefix("torch."),
-                matmul_tflops=peak_flops / 1e12, rounds=rounds, rows=rows)
+                matmul_tflops=peak_flops / 1e12, rounds=rounds, compile=compile_backend or "-", rows=rows)
 
 
-__all__ = ["BenchRow", "bench_trials", "hf_equivalent"]
+__all__ = ["COMPILE_BACKENDS", "BenchRow", "bench_trials", "hf_equivalent"]
