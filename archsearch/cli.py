@@ -423,7 +423,9 @@ app.add_typer(analyze_app, name="analyze")
 def bench(study: StudyArg,
           trial: Annotated[Optional[int], typer.Option("--trial", help="only trial N of `plan` (0-based; default all)")]
           = None,
-          kernels: Annotated[str, typer.Option(help="on, off or both (default: both on CUDA, off on a CPU)")] = "auto",
+          kernels: Annotated[str, typer.Option(
+              help="on (Triton on CUDA, C++ kernels on a CPU), off (PyTorch) or both (default: both where a "
+                   "kernel applies, else off)")] = "auto",
           rounds: Annotated[int, typer.Option(help="timed rounds, after one warm-up round")] = 5,
           hf: Annotated[bool, typer.Option(help="also time Hugging Face transformers' Llama/Mamba where equivalent")]
           = True,

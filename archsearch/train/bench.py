@@ -49,7 +49,7 @@ class BenchRow:
     trial_id: str
     family: str
     impl: str  # archsearch | hf-llama | hf-mamba
-    kernels: str  # on (Triton where the op has a kernel) | off (PyTorch) | - (transformers)
+    kernels: str  # on (Triton on CUDA, C++ on a CPU, where the op has one) | off (PyTorch) | - (transformers)
     compile: str  # the torch.compile backend, or - (eager)
     params: int  # every parameter of the built model
     step_ms: float
@@ -151,7 +151,7 @@ def _configs(trials: list, indices: list[int], *, device: torch.device, kernels:
         for setting, backend in itertools.product(kernels, ["-"] + ([compile_backend] if compile_backend else [])):
             torch.manual_seed(trial.seed)
             model = build_model(trial.spec).to(device)
-            mode = "triton" if setting == "on" else "reference"
+            mode = "auto" if setting == "on" else "reference"  # on: as a trial runs (preflight's turn-offs kept)
             # the compiled module shares the model's parameters, as in the training loop
             forward = model if backend == "-" else torch.compile(model, backend=backend)
             configs.append(_Config(row=dict(base, impl="archsearch", kernels=setting, compile=backend,
@@ -217,22 +217,33 @@ def _vs_hf(configs: list[_Config], times: list[list[float]], i: int) -> float | 
     return statistics.median(theirs / ours for theirs, ours in zip(times[twins[0]], times[i]))
 
 
+def _cpu_kernel_ops(trials: list, indices: list[int]) -> list[str]:
+    """The ops of these trials that have a C++ kernel for CPU tensors."""
+    from archsearch.execute.preflight import kernels_used
+    from archsearch_kernels import dispatch
+
+    return [op for op in kernels_used(trials[i].spec for i in indices) if op in dispatch.CPU_KERNELS]
+
+
 def bench_trials(trials: list, indices: list[int], *, rounds: int = 5, warmup: int = 1, kernels: list[str] | None = None,
                  compare_hf: bool = True, threads: int | None = None, device: str | None = None,
                  batch_size: int | None = None, compile_backend: str | None = None) -> dict:
     """Time a training step of ``trials[i]`` for each i in `indices`; returns
     {"device", "threads", "dtype", "matmul_tflops", "rows": [BenchRow dicts]}.
 
-    `kernels`: which of "on" / "off" to time (default: both on CUDA, "off" on a CPU, where
-    Triton does not compile). bf16 autocast on CUDA, fp32 on a CPU (the matmul likewise).
+    `kernels`: which of "on" (what a trial runs: Triton on CUDA, the C++ kernels on a CPU where
+    they build) / "off" (the PyTorch paths) to time; default both on CUDA, and on a CPU both when a
+    trial runs an op with a C++ kernel, "off" otherwise. bf16 autocast on CUDA, fp32 on a CPU (the matmul likewise).
     `compile_backend`: a torch.compile backend; each archsearch configuration is also timed compiled.
     """
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if threads is not None:
         torch.set_num_threads(threads)
-    kernels = kernels or (["on", "off"] if dev.type == "cuda" else ["off"])
-    if "on" in kernels and dev.type != "cuda":
-        raise ValueError("bench: --kernels on needs a CUDA device (Triton compiles only for GPUs); use --kernels off")
+    kernels = kernels or (["on", "off"] if dev.type == "cuda" or _cpu_kernel_ops(trials, indices) else ["off"])
+    if "on" in kernels and dev.type != "cuda" and not _cpu_kernel_ops(trials, indices):
+        raise ValueError("bench: --kernels on on a CPU times the compiled C++ kernels, and none of these trials runs "
+                         "an op that has one (the selective scan of Mamba does); use --kernels off, or a CUDA device "
+                         "for the Triton kernels")
     if compile_backend is not None and compile_backend not in COMPILE_BACKENDS:
         raise ValueError(f"bench: --compile {compile_backend!r}: choose one of {', '.join(COMPILE_BACKENDS)}")
     autocast = dev.type == "cuda"
