@@ -158,3 +158,31 @@ def test_the_prepared_gpu_script_runs_end_to_end_in_the_interpreter(tmp_path):
     assert all(row["rel_error_vs_reference"] < 1e-4 for row in kernels.values())
     gdr_others = [row for row in rows if row["impl"] in ("triton-chunk32", "triton-recurrent")]
     assert len(gdr_others) == 3 and all(row["rel_error_vs_reference"] < 1e-4 for row in gdr_others)
+
+
+def test_on_a_cpu_a_mamba_trial_is_timed_with_and_without_its_cpp_scan(tmp_path, corpus, monkeypatch):
+    """On a CPU, "on" is what a trial runs: Mamba's scan through the C++ kernel (where it
+    builds); "off" the PyTorch chunked form. Both rows by default. Timing "on" with the
+    reference setting (the bench before) fails here: the C++ scan is never called."""
+    from archsearch_kernels import dispatch
+    from archsearch_kernels.selective_scan import cpu
+
+    from tests.conftest import tiny_study_text
+
+    if not cpu.available():
+        pytest.skip("the C++ selective scan does not build here")
+    (tmp_path / "space.yaml").write_text("name: m\naxes:\n  family: mamba\n  num_layers: 2\nmodel:\n  head_dim: 8\n")
+    (tmp_path / "study.yaml").write_text(tiny_study_text(corpus=corpus, targets="[8000]"))
+    calls = []
+    real = cpu.selective_scan_cpu
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(dispatch.selective_scan_cpu_kernel, "selective_scan_cpu", counted)
+    result = invoke(tmp_path / "study.yaml", "--json", "--rounds", "1", "--no-hf", "--batch-size", "2")
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.output)["rows"]
+    assert sorted(row["kernels"] for row in rows) == ["off", "on"]
+    assert calls
