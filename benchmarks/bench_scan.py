@@ -3,10 +3,13 @@
     python benchmarks/bench_scan.py                       # T=512, the sizes in docs/performance.md
     python benchmarks/bench_scan.py --seq-len 2048 --repeats 3
     python benchmarks/bench_scan.py --ops ssd --threads 2
+    python benchmarks/bench_scan.py --ops gated_delta_hf  # against transformers' chunked function
 
 Prints one row per (op, pass): median milliseconds of each form over --repeats runs after
-one warm-up (the two forms timed alternately), and the speed-up naive / chunked measured in
-the same run.
+one warm-up (the two forms timed alternately), and the speed-up baseline / chunked measured in
+the same run. The baseline is the op's reference loop, or for ``gated_delta_hf`` the
+pure-PyTorch `torch_chunk_gated_delta_rule` of Hugging Face transformers (same inputs, its
+default chunk of 64; the optional ``bench`` extra).
 
 Dimensions: B batch, T time, E inner channels, N state size, H heads, K/V head dims,
 P SSD head dim, G SSD groups.
@@ -122,7 +125,8 @@ def main() -> None:
     parser.add_argument("--ssd-head-dim", type=int, default=64, help="SSD head dim P")
     parser.add_argument("--ssd-state-size", type=int, default=64, help="SSD state size N")
     parser.add_argument("--chunk-size", type=int, default=None, help="default: each op's own")
-    parser.add_argument("--ops", default="selective_scan,gated_delta,ssd", help="comma-separated ops to time")
+    parser.add_argument("--ops", default="selective_scan,gated_delta,ssd",
+                        help="comma-separated ops to time (also: gated_delta_hf)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     args = parser.parse_args()
@@ -141,23 +145,29 @@ def main() -> None:
         f"  ssd H={args.ssd_heads} P={args.ssd_head_dim} N={args.ssd_state_size} G=1  chunk {args.chunk_size or 'default'}  median of {args.repeats}"
     )
 
-    ops = [
-        ("selective_scan", selective_scan_naive, selective_scan_chunked, mamba_inputs(args), {"delta_softplus": True}),
-        ("gated_delta", gated_delta_rule_naive, gated_delta_rule_chunked, gdn_inputs(args), {}),
-        ("ssd", ssd_naive, ssd_chunked, ssd_inputs(args), {}),
-    ]
-    chunking = {} if args.chunk_size is None else {"chunk_size": args.chunk_size}
-    print(f"{'op':<16}{'pass':<14}{'naive ms':>10}{'chunked ms':>12}{'speed-up':>10}")
+    names = ("selective_scan", "gated_delta", "ssd", "gated_delta_hf")
     wanted = args.ops.split(",")
-    unknown = set(wanted) - {op[0] for op in ops}
+    unknown = set(wanted) - set(names)
     if unknown:
-        parser.error(f"--ops: unknown {sorted(unknown)}; known: {[op[0] for op in ops]}")
-    for name, naive, chunked, inputs, kwargs in (op for op in ops if op[0] in wanted):
-        naive_passes = passes(naive, inputs, **kwargs)
+        parser.error(f"--ops: unknown {sorted(unknown)}; known: {list(names)}")
+    ops = [
+        ("selective_scan", selective_scan_naive, selective_scan_chunked, mamba_inputs, {"delta_softplus": True}),
+        ("gated_delta", gated_delta_rule_naive, gated_delta_rule_chunked, gdn_inputs, {}),
+        ("ssd", ssd_naive, ssd_chunked, ssd_inputs, {}),
+    ]
+    if "gated_delta_hf" in wanted:
+        from archsearch.train.bench import _transformers_gated_delta_rule
+
+        ops.append(("gated_delta_hf", _transformers_gated_delta_rule, gated_delta_rule_chunked, gdn_inputs, {}))
+    chunking = {} if args.chunk_size is None else {"chunk_size": args.chunk_size}
+    print(f"{'op':<16}{'pass':<14}{'baseline ms':>12}{'chunked ms':>12}{'speed-up':>10}")
+    for name, baseline, chunked, make_inputs, kwargs in (op for op in ops if op[0] in wanted):
+        inputs = make_inputs(args)
+        baseline_passes = passes(baseline, inputs, **kwargs)
         chunked_passes = passes(chunked, inputs, **kwargs, **chunking)
-        for label, naive_pass, chunked_pass in zip(("forward", "fwd+bwd"), naive_passes, chunked_passes):
-            naive_ms, chunked_ms = median_ms_pair(naive_pass, chunked_pass, args.repeats)
-            print(f"{name:<16}{label:<14}{naive_ms:>10.1f}{chunked_ms:>12.1f}{naive_ms / chunked_ms:>9.1f}x")
+        for label, baseline_pass, chunked_pass in zip(("forward", "fwd+bwd"), baseline_passes, chunked_passes):
+            baseline_ms, chunked_ms = median_ms_pair(baseline_pass, chunked_pass, args.repeats)
+            print(f"{name:<16}{label:<14}{baseline_ms:>12.1f}{chunked_ms:>12.1f}{baseline_ms / chunked_ms:>9.2f}x")
 
 
 if __name__ == "__main__":

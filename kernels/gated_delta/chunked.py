@@ -41,7 +41,7 @@ Backward (dO given, dS_J the last state's gradient). The loop runs back over chu
 and the rest is batched over chunks again: dQd = dO S^T, dP = dO W^T, dKd = W dS_{j+1}^T,
 dgamma_L = <S_j, dS_{j+1}>, dX = [dW, -dW S^T], dR = A^-T dX, dM = -strict_lower(dR X^T);
 then through M = beta (k k^T) * D, P = (q k^T) * D, D = exp(G_l - G_s), the exp(G) factors
-and G = cumsum(g) (the cumsum is left to autograd).
+and G = cumsum(g).
 
 Stability: every exponent is a difference G_l - G_s with s <= l (masked to -inf before the
 exp above the diagonal), or G itself, all <= 0 when g <= 0.
@@ -49,20 +49,19 @@ exp above the diagonal), or G itself, all <= 0 when g <= 0.
 
 from __future__ import annotations
 
-import math
 
 import torch
 import torch.nn.functional as F
 
 
 def default_chunk_size(key_dim: int, value_dim: int) -> int:
-    """Steps per chunk when the caller names none: about the head size (16 to 64).
+    """Steps per chunk when the caller names none: half the head size, 16 to 64.
 
-    Per token a chunk costs O(L (K + V)) in the [L, L] products and the loop over chunks
-    O(K V / L), so short heads want short chunks; measured on 2 CPU threads, K = V = 16
-    ran fastest at L = 16 and K = V = 64 at L = 32 to 64 (docs/performance.md).
+    Per token the [L, L] products inside a chunk cost O(L (K + V)) and the state updates
+    O(K V / L), so short heads want short chunks; measured on a CPU (docs/performance.md),
+    K = V = 16 ran fastest at L = 16 and K = V = 64 at L = 32.
     """
-    return min(64, max(16, 1 << (max(key_dim, value_dim) - 1).bit_length()))
+    return min(64, max(16, (1 << (max(key_dim, value_dim) - 1).bit_length()) // 2))
 
 
 def gated_delta_rule_chunked(
@@ -92,33 +91,26 @@ def gated_delta_rule_chunked(
     Returns:
         o [B, T, H, V] in v's dtype, or (o, last_state) with last_state [B, H, K, V] in fp32.
     """
-    out_dtype = v.dtype
-    batch, seq_len, heads, key_dim = q.shape
-    value_dim = v.shape[-1]
-    chunk_len = min(chunk_size or default_chunk_size(key_dim, value_dim), seq_len)
-    num_chunks = math.ceil(seq_len / chunk_len)
-
-    # Padded steps get k = 0, beta = 0 and g = 0: no decay and no write, so they leave the
-    # state as it was after step T and the last state needs no special case.
-    pad = num_chunks * chunk_len - seq_len
-
-    def chunks(x_BTHX: torch.Tensor) -> torch.Tensor:
-        """[B, T, H, X] -> [B, H, J, L, X] in fp32, contiguous (one copy) so the matmuls read it in place."""
-        x_BTHX = F.pad(x_BTHX.float(), (0, 0, 0, 0, 0, pad)) if pad else x_BTHX.float()
-        return x_BTHX.unflatten(1, (num_chunks, chunk_len)).permute(0, 3, 1, 2, 4).contiguous()
-
-    q_BHJLK, k_BHJLK, v_BHJLV = chunks(q), chunks(k), chunks(v)
-    g_BHJL, beta_BHJL = chunks(g[..., None])[..., 0], chunks(beta[..., None])[..., 0]
-    # log-decay from the chunk start up to and including each step; <= 0 and small in size
-    # because it never runs past one chunk, so differences of it keep their precision
-    G_BHJL = g_BHJL.cumsum(-1)
-    if initial_state is None:
-        state_BHKV = q_BHJLK.new_zeros(batch, heads, key_dim, value_dim)
-    else:
-        state_BHKV = initial_state.float()
-    o_BHJLV, state_BHKV = _ChunkedRule.apply(q_BHJLK, k_BHJLK, v_BHJLV, G_BHJL, beta_BHJL, state_BHKV)
-    o_BTHV = o_BHJLV.flatten(2, 3).transpose(1, 2)[:, :seq_len].to(out_dtype)
+    chunk_len = min(chunk_size or default_chunk_size(q.shape[-1], v.shape[-1]), q.shape[1])
+    o_BTHV, state_BHKV = _ChunkedRule.apply(q, k, v, g, beta, initial_state, chunk_len)
+    o_BTHV = o_BTHV.to(v.dtype)
     return (o_BTHV, state_BHKV) if return_last_state else o_BTHV
+
+
+def _to_chunks(x_BTHX: torch.Tensor, chunk_len: int) -> torch.Tensor:
+    """[B, T, H, X] -> [B, H, J, L, X] in fp32, contiguous, T zero-padded up to J*L.
+
+    Padded steps get k = 0, beta = 0 and g = 0: no decay and no write, so they leave the
+    state as it was after step T and the last state needs no special case.
+    """
+    pad = -x_BTHX.shape[1] % chunk_len
+    x_BTHX = F.pad(x_BTHX.float(), (0, 0, 0, 0, 0, pad)) if pad else x_BTHX.float()
+    return x_BTHX.unflatten(1, (-1, chunk_len)).permute(0, 3, 1, 2, 4).contiguous()
+
+
+def _from_chunks(x_BHJLX: torch.Tensor, seq_len: int, dtype: torch.dtype) -> torch.Tensor:
+    """[B, H, J, L, X] -> [B, T, H, X], contiguous, the padding dropped."""
+    return x_BHJLX.flatten(2, 3).transpose(1, 2)[:, :seq_len].to(dtype, memory_format=torch.contiguous_format)
 
 
 def _decay(G_BHJL: torch.Tensor) -> torch.Tensor:
@@ -129,16 +121,27 @@ def _decay(G_BHJL: torch.Tensor) -> torch.Tensor:
 
 
 class _ChunkedRule(torch.autograd.Function):
-    """The rule on chunked fp32 inputs: (q, k, v, G, beta, S_0) -> (O [B, H, J, L, V], S_J [B, H, K, V]).
+    """(q, k, v, g, beta, S_0 or None, L) as `gated_delta_rule_chunked` takes them -> (o [B, T, H, V]
+    fp32, S_T [B, H, K, V]).
 
-    G is the within-chunk cumulative log decay. Saves the chunk-local products the forward
-    made anyway and the state entering each chunk ([B, H, J, K, V], small); the backward
-    follows the module docstring.
+    The chunked layout [B, H, J, L, X] is made and undone inside, so autograd keeps no node per
+    copy. Saves the chunk-local products the forward made anyway and the state entering each
+    chunk ([B, H, J, K, V], small); the backward follows the module docstring.
     """
 
     @staticmethod
-    def forward(ctx, q_BHJLK, k_BHJLK, v_BHJLV, G_BHJL, beta_BHJL, state_BHKV):
-        value_dim = v_BHJLV.shape[-1]
+    def forward(ctx, q, k, v, g, beta, initial_state, chunk_len):
+        batch, seq_len, heads, key_dim = q.shape
+        value_dim = v.shape[-1]
+        q_BHJLK, k_BHJLK, v_BHJLV = (_to_chunks(x, chunk_len) for x in (q, k, v))
+        beta_BHJL = _to_chunks(beta[..., None], chunk_len)[..., 0]
+        # log-decay from the chunk start up to and including each step; <= 0 and small in size
+        # because it never runs past one chunk, so differences of it keep their precision
+        G_BHJL = _to_chunks(g[..., None], chunk_len)[..., 0].cumsum(-1)
+        if initial_state is None:
+            state_BHKV = q_BHJLK.new_zeros(batch, heads, key_dim, value_dim)
+        else:
+            state_BHKV = initial_state.float()
         D_BHJLL = _decay(G_BHJL)
         kk_BHJLL = k_BHJLK @ k_BHJLK.mT
         # M's strictly lower part; the solve is told the diagonal is 1 and reads nothing above it
@@ -165,17 +168,20 @@ class _ChunkedRule(torch.autograd.Function):
         o_BHJLV = Qd_BHJLK @ states_BHJKV + P_BHJLL @ W_BHJLV
         ctx.save_for_backward(q_BHJLK, k_BHJLK, v_BHJLV, beta_BHJL, gamma_BHJL, to_end_BHJL, D_BHJLL, M_BHJLL,
                               kk_BHJLL, qk_BHJLL, P_BHJLL, X_BHJLX, W_BHJLV, states_BHJKV, Qd_BHJLK, Kd_BHJLK)
-        return o_BHJLV, state_BHKV
+        ctx.seq_len, ctx.chunk_len = seq_len, chunk_len
+        ctx.dtypes = [x.dtype for x in (q, k, v, g, beta)]
+        ctx.state_dtype = None if initial_state is None else initial_state.dtype
+        return _from_chunks(o_BHJLV, seq_len, torch.float32), state_BHKV
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, do_BHJLV, dlast_BHKV):
+    def backward(ctx, do_BTHV, dlast_BHKV):
         (q_BHJLK, k_BHJLK, v_BHJLV, beta_BHJL, gamma_BHJL, to_end_BHJL, D_BHJLL, M_BHJLL,
          kk_BHJLL, qk_BHJLL, P_BHJLL, X_BHJLX, W_BHJLV, states_BHJKV, Qd_BHJLK, Kd_BHJLK) = ctx.saved_tensors
         value_dim = v_BHJLV.shape[-1]
         Wk_BHJLK = X_BHJLX[..., value_dim:]
         chunk_decay_BHJ = gamma_BHJL[..., -1]
-        do_BHJLV = do_BHJLV.contiguous()
+        do_BHJLV = _to_chunks(do_BTHV, ctx.chunk_len)
 
         # the loop back over chunks: dW_j and the gradient of the state entering each chunk
         PtdO_BHJLV = P_BHJLL.mT @ do_BHJLV
@@ -218,4 +224,10 @@ class _ChunkedRule(torch.autograd.Function):
         dto_end_BHJL = (dKd_BHJLK * k_BHJLK).sum(-1) * to_end_BHJL
         dG_BHJL = dlogD_BHJLL.sum(-1) - dlogD_BHJLL.sum(-2) + dgamma_BHJL * gamma_BHJL - dto_end_BHJL
         dG_BHJL[..., -1] += dto_end_BHJL.sum(-1) + dchunk_decay_BHJ * chunk_decay_BHJ
-        return dq_BHJLK, dk_BHJLK, dv_BHJLV, dG_BHJL, dbeta_BHJL, dstate_BHKV
+        # G = cumsum(g) within the chunk: dg_l = sum of dG over steps l and later
+        dg_BHJL = dG_BHJL - dG_BHJL.cumsum(-1) + dG_BHJL.sum(-1, keepdim=True)
+        grads = [_from_chunks(x, ctx.seq_len, dtype) for x, dtype in
+                 zip((dq_BHJLK, dk_BHJLK, dv_BHJLV, dg_BHJL[..., None], dbeta_BHJL[..., None]), ctx.dtypes)]
+        grads[3:] = [x[..., 0] for x in grads[3:]]
+        dinitial = None if ctx.state_dtype is None else dstate_BHKV.to(ctx.state_dtype)
+        return *grads, dinitial, None
