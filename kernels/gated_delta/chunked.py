@@ -25,8 +25,8 @@ a unit lower-triangular system A W = diag(beta) V - diag(beta gamma) K S, A = I 
 
     W = U - Wk S,   [U, Wk] = X = A^-1 R,   R = [diag(beta) V, diag(beta gamma) K]
 
-U and Wk do not depend on S: they are found for all chunks at once by one batched
-triangular solve. Only the short loop over chunks needs S, and only for two matmuls:
+U and Wk do not depend on S: they are found for all chunks at once, through A^-1 from one
+batched triangular solve. Only the short loop over chunks needs S, and only for two matmuls:
 
     W_j = U_j - Wk_j S_j,   S_{j+1} = gamma_L S_j + Kd_j^T W_j      (Kd = k exp(G_L - G))
 
@@ -148,7 +148,11 @@ class _ChunkedRule(torch.autograd.Function):
         M_BHJLL = beta_BHJL[..., None] * kk_BHJLL * D_BHJLL
         gamma_BHJL = G_BHJL.exp()
         R_BHJLX = torch.cat([beta_BHJL[..., None] * v_BHJLV, (beta_BHJL * gamma_BHJL)[..., None] * k_BHJLK], -1)
-        X_BHJLX = torch.linalg.solve_triangular(M_BHJLL, R_BHJLX, upper=False, unitriangular=True)
+        # A^-1 itself, by one solve against the identity: then X and the backward's A^-T dX are
+        # matmuls, which on a CPU beat two solves against [L, V + K] right-hand sides
+        eye_BHJLL = torch.eye(M_BHJLL.shape[-1], device=M_BHJLL.device).expand_as(M_BHJLL)
+        Ainv_BHJLL = torch.linalg.solve_triangular(M_BHJLL, eye_BHJLL, upper=False, unitriangular=True)
+        X_BHJLX = Ainv_BHJLL @ R_BHJLX
         U_BHJLV, Wk_BHJLK = X_BHJLX.split([value_dim, X_BHJLX.shape[-1] - value_dim], dim=-1)
         # everything the chunk loop needs that does not depend on the state, for all chunks at once
         qk_BHJLL = q_BHJLK @ k_BHJLK.mT
@@ -166,7 +170,7 @@ class _ChunkedRule(torch.autograd.Function):
             state_BHKV = chunk_decay_BHJ[:, :, j, None, None] * state_BHKV + Kd_BHJLK[:, :, j].mT @ W_BHLV
         Qd_BHJLK = q_BHJLK * gamma_BHJL[..., None]
         o_BHJLV = Qd_BHJLK @ states_BHJKV + P_BHJLL @ W_BHJLV
-        ctx.save_for_backward(q_BHJLK, k_BHJLK, v_BHJLV, beta_BHJL, gamma_BHJL, to_end_BHJL, D_BHJLL, M_BHJLL,
+        ctx.save_for_backward(q_BHJLK, k_BHJLK, v_BHJLV, beta_BHJL, gamma_BHJL, to_end_BHJL, D_BHJLL, Ainv_BHJLL,
                               kk_BHJLL, qk_BHJLL, P_BHJLL, X_BHJLX, W_BHJLV, states_BHJKV, Qd_BHJLK, Kd_BHJLK)
         ctx.seq_len, ctx.chunk_len = seq_len, chunk_len
         ctx.dtypes = [x.dtype for x in (q, k, v, g, beta)]
@@ -176,7 +180,7 @@ class _ChunkedRule(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, do_BTHV, dlast_BHKV):
-        (q_BHJLK, k_BHJLK, v_BHJLV, beta_BHJL, gamma_BHJL, to_end_BHJL, D_BHJLL, M_BHJLL,
+        (q_BHJLK, k_BHJLK, v_BHJLV, beta_BHJL, gamma_BHJL, to_end_BHJL, D_BHJLL, Ainv_BHJLL,
          kk_BHJLL, qk_BHJLL, P_BHJLL, X_BHJLX, W_BHJLV, states_BHJKV, Qd_BHJLK, Kd_BHJLK) = ctx.saved_tensors
         value_dim = v_BHJLV.shape[-1]
         Wk_BHJLK = X_BHJLX[..., value_dim:]
@@ -202,7 +206,7 @@ class _ChunkedRule(torch.autograd.Function):
         dchunk_decay_BHJ = (states_BHJKV * dnext_BHJKV).sum((-1, -2))
         dX_BHJLX = torch.cat([dW_BHJLV, -(dW_BHJLV @ states_BHJKV.mT)], -1)
         # X = A^-1 R with A unit lower-triangular: dR = A^-T dX, dA = -dR X^T on A's strictly lower part
-        dR_BHJLX = torch.linalg.solve_triangular(M_BHJLL.mT, dX_BHJLX, upper=True, unitriangular=True)
+        dR_BHJLX = Ainv_BHJLL.mT @ dX_BHJLX
         dM_BHJLL = (dR_BHJLX @ X_BHJLX.mT).tril_(-1).neg_()
         dRv_BHJLV, dRk_BHJLK = dR_BHJLX.split([value_dim, dR_BHJLX.shape[-1] - value_dim], dim=-1)
 
