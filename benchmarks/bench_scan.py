@@ -7,7 +7,7 @@
 
 Prints one row per (op, pass): median milliseconds of each form over --repeats runs after
 one warm-up (the two forms timed alternately), and the speed-up baseline / chunked measured in
-the same run. The baseline is the op's reference loop, or for ``gated_delta_hf`` the
+the same run, by the wall clock and by the process's CPU time. The baseline is the op's reference loop, or for ``gated_delta_hf`` the
 pure-PyTorch `torch_chunk_gated_delta_rule` of Hugging Face transformers (same inputs, its
 default chunk of 64; the optional ``bench`` extra).
 
@@ -39,20 +39,23 @@ from archsearch_kernels.selective_scan import (
 from archsearch_kernels.ssd import ssd_chunked, ssd_naive
 
 
-def median_ms_pair(first: Callable[[], None], second: Callable[[], None], repeats: int) -> tuple[float, float]:
-    """Median wall times in ms of two callables, after one warm-up each.
+def median_ms_pair(first: Callable[[], None], second: Callable[[], None], repeats: int) -> tuple[float, ...]:
+    """Median wall times in ms of two callables, after one warm-up each, then their median
+    CPU times (the process's, over all threads).
 
     The two are timed alternately, so load from other processes on a shared machine falls on
-    both alike and their ratio stays meaningful even when the absolute times drift.
+    both alike and their ratio stays meaningful even when the absolute times drift; the CPU
+    time, which waiting for a core does not count, drifts less still.
     """
     first(), second()
-    times: tuple[list[float], list[float]] = ([], [])
+    times: tuple[list[float], ...] = ([], [], [], [])
     for _ in range(repeats):
-        for fn, bucket in zip((first, second), times):
-            start = time.perf_counter()
+        for i, fn in enumerate((first, second)):
+            start, start_cpu = time.perf_counter(), time.process_time()
             fn()
-            bucket.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times[0]), 1e3 * statistics.median(times[1])
+            times[i].append(time.perf_counter() - start)
+            times[2 + i].append(time.process_time() - start_cpu)
+    return tuple(1e3 * statistics.median(bucket) for bucket in times)
 
 
 def mamba_inputs(args: argparse.Namespace) -> dict[str, torch.Tensor]:
@@ -160,14 +163,15 @@ def main() -> None:
 
         ops.append(("gated_delta_hf", _transformers_gated_delta_rule, gated_delta_rule_chunked, gdn_inputs, {}))
     chunking = {} if args.chunk_size is None else {"chunk_size": args.chunk_size}
-    print(f"{'op':<16}{'pass':<14}{'baseline ms':>12}{'chunked ms':>12}{'speed-up':>10}")
+    print(f"{'op':<16}{'pass':<14}{'baseline ms':>12}{'chunked ms':>12}{'speed-up':>10}{'CPU-time speed-up':>19}")
     for name, baseline, chunked, make_inputs, kwargs in (op for op in ops if op[0] in wanted):
         inputs = make_inputs(args)
         baseline_passes = passes(baseline, inputs, **kwargs)
         chunked_passes = passes(chunked, inputs, **kwargs, **chunking)
         for label, baseline_pass, chunked_pass in zip(("forward", "fwd+bwd"), baseline_passes, chunked_passes):
-            baseline_ms, chunked_ms = median_ms_pair(baseline_pass, chunked_pass, args.repeats)
-            print(f"{name:<16}{label:<14}{baseline_ms:>12.1f}{chunked_ms:>12.1f}{baseline_ms / chunked_ms:>9.2f}x")
+            baseline_ms, chunked_ms, baseline_cpu, chunked_cpu = median_ms_pair(baseline_pass, chunked_pass, args.repeats)
+            print(f"{name:<16}{label:<14}{baseline_ms:>12.1f}{chunked_ms:>12.1f}{baseline_ms / chunked_ms:>9.2f}x"
+                  f"{baseline_cpu / chunked_cpu:>18.2f}x")
 
 
 if __name__ == "__main__":
