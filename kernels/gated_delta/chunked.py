@@ -8,7 +8,7 @@ one of Yang et al., https://arxiv.org/abs/2406.06484 (DeltaNet) and
 https://arxiv.org/abs/2412.06464 (gated), derived here in this repo's state layout.
 
 Dimensions: B batch, T time, H heads, K key dim, V value dim, J number of chunks,
-L chunk length (T is padded up to J*L), X any trailing size (here V + K).
+L chunk length (T is padded up to J*L), X any trailing size (here V + K), N = B*H.
 
 Derivation, for one head and one chunk, with S the [K, V] state (as stored) entering it.
 Write the step-l update as S_l = alpha_l S_{l-1} + k_l w_l^T, where
@@ -113,6 +113,11 @@ def _from_chunks(x_BHJLX: torch.Tensor, seq_len: int, dtype: torch.dtype) -> tor
     return x_BHJLX.flatten(2, 3).transpose(1, 2)[:, :seq_len].to(dtype, memory_format=torch.contiguous_format)
 
 
+def _at(x_BHJYX: torch.Tensor, j: int) -> torch.Tensor:
+    """Chunk j of every (batch, head) as one batch of matrices: [B, H, J, Y, X] -> [B*H, Y, X], a view."""
+    return x_BHJYX[:, :, j].flatten(0, 1)
+
+
 def _decay(G_BHJL: torch.Tensor) -> torch.Tensor:
     """D [B, H, J, L, L]: exp(G_l - G_s) on and below the diagonal, exactly 0 above it."""
     chunk_len = G_BHJL.shape[-1]
@@ -163,11 +168,15 @@ class _ChunkedRule(torch.autograd.Function):
 
         W_BHJLV = torch.empty_like(U_BHJLV)
         states_BHJKV = state_BHKV.new_empty(*Kd_BHJLK.shape[:3], *state_BHKV.shape[-2:])
+        # the loop runs on [B*H, ...] views of chunk j, four ops a chunk (baddbmm fuses the adds)
+        chunk_decay_JN11 = chunk_decay_BHJ.flatten(0, 1).T[..., None, None]
+        state_NKV = state_BHKV.reshape(-1, key_dim, value_dim)
         for j in range(Kd_BHJLK.shape[2]):
-            states_BHJKV[:, :, j] = state_BHKV
+            _at(states_BHJKV, j).copy_(state_NKV)
             # what the delta rule writes at each step, now that the state entering the chunk is known
-            W_BHLV = torch.sub(U_BHJLV[:, :, j], Wk_BHJLK[:, :, j] @ state_BHKV, out=W_BHJLV[:, :, j])
-            state_BHKV = chunk_decay_BHJ[:, :, j, None, None] * state_BHKV + Kd_BHJLK[:, :, j].mT @ W_BHLV
+            W_NLV = torch.baddbmm(_at(U_BHJLV, j), _at(Wk_BHJLK, j), state_NKV, alpha=-1, out=_at(W_BHJLV, j))
+            state_NKV = torch.baddbmm(chunk_decay_JN11[j] * state_NKV, _at(Kd_BHJLK, j).mT, W_NLV)
+        state_BHKV = state_NKV.view(batch, heads, key_dim, value_dim)
         Qd_BHJLK = q_BHJLK * gamma_BHJL[..., None]
         o_BHJLV = Qd_BHJLK @ states_BHJKV + P_BHJLL @ W_BHJLV
         ctx.save_for_backward(q_BHJLK, k_BHJLK, v_BHJLV, beta_BHJL, gamma_BHJL, to_end_BHJL, D_BHJLL, Ainv_BHJLL,
@@ -192,12 +201,14 @@ class _ChunkedRule(torch.autograd.Function):
         QdtdO_BHJKV = Qd_BHJLK.mT @ do_BHJLV
         dW_BHJLV = torch.empty_like(W_BHJLV)
         dnext_BHJKV = torch.empty_like(states_BHJKV)  # gradient of the state leaving chunk j
-        dstate_BHKV = dlast_BHKV.float()
+        chunk_decay_JN11 = chunk_decay_BHJ.flatten(0, 1).T[..., None, None]
+        dstate_NKV = dlast_BHKV.float().reshape(-1, *dlast_BHKV.shape[-2:])
         for j in reversed(range(W_BHJLV.shape[2])):
-            dnext_BHJKV[:, :, j] = dstate_BHKV
-            dW_BHLV = torch.add(PtdO_BHJLV[:, :, j], Kd_BHJLK[:, :, j] @ dstate_BHKV, out=dW_BHJLV[:, :, j])
-            dstate_BHKV = (QdtdO_BHJKV[:, :, j] + chunk_decay_BHJ[:, :, j, None, None] * dstate_BHKV
-                           - Wk_BHJLK[:, :, j].mT @ dW_BHLV)
+            _at(dnext_BHJKV, j).copy_(dstate_NKV)
+            dW_NLV = torch.baddbmm(_at(PtdO_BHJLV, j), _at(Kd_BHJLK, j), dstate_NKV, out=_at(dW_BHJLV, j))
+            dstate_NKV = torch.baddbmm(torch.addcmul(_at(QdtdO_BHJKV, j), chunk_decay_JN11[j], dstate_NKV),
+                                       _at(Wk_BHJLK, j).mT, dW_NLV, alpha=-1)
+        dstate_BHKV = dstate_NKV.view_as(dlast_BHKV)
 
         # the rest is batched over chunks
         dQd_BHJLK = do_BHJLV @ states_BHJKV.mT
