@@ -168,13 +168,14 @@ class _ChunkedRule(torch.autograd.Function):
 
         W_BHJLV = torch.empty_like(U_BHJLV)
         states_BHJKV = state_BHKV.new_empty(*Kd_BHJLK.shape[:3], *state_BHKV.shape[-2:])
-        # the loop runs on [B*H, ...] views of chunk j, four ops a chunk (baddbmm fuses the adds)
+        # the loop runs on [B*H, ...] views of chunk j, five ops a chunk (baddbmm fuses the adds)
         chunk_decay_JN11 = chunk_decay_BHJ.flatten(0, 1).T[..., None, None]
         state_NKV = state_BHKV.reshape(-1, key_dim, value_dim)
         for j in range(Kd_BHJLK.shape[2]):
             _at(states_BHJKV, j).copy_(state_NKV)
             # what the delta rule writes at each step, now that the state entering the chunk is known
-            W_NLV = torch.baddbmm(_at(U_BHJLV, j), _at(Wk_BHJLK, j), state_NKV, alpha=-1, out=_at(W_BHJLV, j))
+            W_NLV = torch.baddbmm(_at(U_BHJLV, j), _at(Wk_BHJLK, j), state_NKV, alpha=-1)
+            _at(W_BHJLV, j).copy_(W_NLV)  # (baddbmm's out= into this strided view ran 5x slower)
             state_NKV = torch.baddbmm(chunk_decay_JN11[j] * state_NKV, _at(Kd_BHJLK, j).mT, W_NLV)
         state_BHKV = state_NKV.view(batch, heads, key_dim, value_dim)
         Qd_BHJLK = q_BHJLK * gamma_BHJL[..., None]
@@ -205,7 +206,8 @@ class _ChunkedRule(torch.autograd.Function):
         dstate_NKV = dlast_BHKV.float().reshape(-1, *dlast_BHKV.shape[-2:])
         for j in reversed(range(W_BHJLV.shape[2])):
             _at(dnext_BHJKV, j).copy_(dstate_NKV)
-            dW_NLV = torch.baddbmm(_at(PtdO_BHJLV, j), _at(Kd_BHJLK, j), dstate_NKV, out=_at(dW_BHJLV, j))
+            dW_NLV = torch.baddbmm(_at(PtdO_BHJLV, j), _at(Kd_BHJLK, j), dstate_NKV)
+            _at(dW_BHJLV, j).copy_(dW_NLV)
             dstate_NKV = torch.baddbmm(torch.addcmul(_at(QdtdO_BHJKV, j), chunk_decay_JN11[j], dstate_NKV),
                                        _at(Wk_BHJLK, j).mT, dW_NLV, alpha=-1)
         dstate_BHKV = dstate_NKV.view_as(dlast_BHKV)
