@@ -3,13 +3,10 @@
     python benchmarks/bench_scan.py                       # T=512, the sizes in docs/performance.md
     python benchmarks/bench_scan.py --seq-len 2048 --repeats 3
     python benchmarks/bench_scan.py --ops ssd --threads 2
-    python benchmarks/bench_scan.py --ops gated_delta_hf  # against transformers' chunked function
 
 Prints one row per (op, pass): median milliseconds of each form over --repeats runs after
-one warm-up (the two forms timed alternately), and the speed-up baseline / chunked measured in
-the same run, by the wall clock and by the process's CPU time. The baseline is the op's reference loop, or for ``gated_delta_hf`` the
-pure-PyTorch `torch_chunk_gated_delta_rule` of Hugging Face transformers (same inputs, its
-default chunk of 64; the optional ``bench`` extra).
+one warm-up (the two forms timed alternately), and the speed-up naive / chunked measured in
+the same run.
 
 Dimensions: B batch, T time, E inner channels, N state size, H heads, K/V head dims,
 P SSD head dim, G SSD groups.
@@ -39,23 +36,20 @@ from archsearch_kernels.selective_scan import (
 from archsearch_kernels.ssd import ssd_chunked, ssd_naive
 
 
-def median_ms_pair(first: Callable[[], None], second: Callable[[], None], repeats: int) -> tuple[float, ...]:
-    """Median wall times in ms of two callables, after one warm-up each, then their median
-    CPU times (the process's, over all threads).
+def median_ms_pair(first: Callable[[], None], second: Callable[[], None], repeats: int) -> tuple[float, float]:
+    """Median wall times in ms of two callables, after one warm-up each.
 
     The two are timed alternately, so load from other processes on a shared machine falls on
-    both alike and their ratio stays meaningful even when the absolute times drift; the CPU
-    time, which waiting for a core does not count, drifts less still.
+    both alike and their ratio stays meaningful even when the absolute times drift.
     """
     first(), second()
-    times: tuple[list[float], ...] = ([], [], [], [])
+    times: tuple[list[float], list[float]] = ([], [])
     for _ in range(repeats):
-        for i, fn in enumerate((first, second)):
-            start, start_cpu = time.perf_counter(), time.process_time()
+        for fn, bucket in zip((first, second), times):
+            start = time.perf_counter()
             fn()
-            times[i].append(time.perf_counter() - start)
-            times[2 + i].append(time.process_time() - start_cpu)
-    return tuple(1e3 * statistics.median(bucket) for bucket in times)
+            bucket.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times[0]), 1e3 * statistics.median(times[1])
 
 
 def mamba_inputs(args: argparse.Namespace) -> dict[str, torch.Tensor]:
@@ -128,8 +122,7 @@ def main() -> None:
     parser.add_argument("--ssd-head-dim", type=int, default=64, help="SSD head dim P")
     parser.add_argument("--ssd-state-size", type=int, default=64, help="SSD state size N")
     parser.add_argument("--chunk-size", type=int, default=None, help="default: each op's own")
-    parser.add_argument("--ops", default="selective_scan,gated_delta,ssd",
-                        help="comma-separated ops to time (also: gated_delta_hf)")
+    parser.add_argument("--ops", default="selective_scan,gated_delta,ssd", help="comma-separated ops to time")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     args = parser.parse_args()
@@ -148,30 +141,23 @@ def main() -> None:
         f"  ssd H={args.ssd_heads} P={args.ssd_head_dim} N={args.ssd_state_size} G=1  chunk {args.chunk_size or 'default'}  median of {args.repeats}"
     )
 
-    names = ("selective_scan", "gated_delta", "ssd", "gated_delta_hf")
-    wanted = args.ops.split(",")
-    unknown = set(wanted) - set(names)
-    if unknown:
-        parser.error(f"--ops: unknown {sorted(unknown)}; known: {list(names)}")
     ops = [
-        ("selective_scan", selective_scan_naive, selective_scan_chunked, mamba_inputs, {"delta_softplus": True}),
-        ("gated_delta", gated_delta_rule_naive, gated_delta_rule_chunked, gdn_inputs, {}),
-        ("ssd", ssd_naive, ssd_chunked, ssd_inputs, {}),
+        ("selective_scan", selective_scan_naive, selective_scan_chunked, mamba_inputs(args), {"delta_softplus": True}),
+        ("gated_delta", gated_delta_rule_naive, gated_delta_rule_chunked, gdn_inputs(args), {}),
+        ("ssd", ssd_naive, ssd_chunked, ssd_inputs(args), {}),
     ]
-    if "gated_delta_hf" in wanted:
-        from archsearch.train.bench import _transformers_gated_delta_rule
-
-        ops.append(("gated_delta_hf", _transformers_gated_delta_rule, gated_delta_rule_chunked, gdn_inputs, {}))
     chunking = {} if args.chunk_size is None else {"chunk_size": args.chunk_size}
-    print(f"{'op':<16}{'pass':<14}{'baseline ms':>12}{'chunked ms':>12}{'speed-up':>10}{'CPU-time speed-up':>19}")
-    for name, baseline, chunked, make_inputs, kwargs in (op for op in ops if op[0] in wanted):
-        inputs = make_inputs(args)
-        baseline_passes = passes(baseline, inputs, **kwargs)
+    print(f"{'op':<16}{'pass':<14}{'naive ms':>10}{'chunked ms':>12}{'speed-up':>10}")
+    wanted = args.ops.split(",")
+    unknown = set(wanted) - {op[0] for op in ops}
+    if unknown:
+        parser.error(f"--ops: unknown {sorted(unknown)}; known: {[op[0] for op in ops]}")
+    for name, naive, chunked, inputs, kwargs in (op for op in ops if op[0] in wanted):
+        naive_passes = passes(naive, inputs, **kwargs)
         chunked_passes = passes(chunked, inputs, **kwargs, **chunking)
-        for label, baseline_pass, chunked_pass in zip(("forward", "fwd+bwd"), baseline_passes, chunked_passes):
-            baseline_ms, chunked_ms, baseline_cpu, chunked_cpu = median_ms_pair(baseline_pass, chunked_pass, args.repeats)
-            print(f"{name:<16}{label:<14}{baseline_ms:>12.1f}{chunked_ms:>12.1f}{baseline_ms / chunked_ms:>9.2f}x"
-                  f"{baseline_cpu / chunked_cpu:>18.2f}x")
+        for label, naive_pass, chunked_pass in zip(("forward", "fwd+bwd"), naive_passes, chunked_passes):
+            naive_ms, chunked_ms = median_ms_pair(naive_pass, chunked_pass, args.repeats)
+            print(f"{name:<16}{label:<14}{naive_ms:>10.1f}{chunked_ms:>12.1f}{naive_ms / chunked_ms:>9.1f}x")
 
 
 if __name__ == "__main__":
