@@ -58,8 +58,8 @@ def default_chunk_size(key_dim: int, value_dim: int) -> int:
     """Steps per chunk when the caller names none: half the head size, 16 to 64.
 
     Per token the [L, L] products inside a chunk cost O(L (K + V)) and the state updates
-    O(K V / L), so short heads want short chunks; measured on a CPU (docs/performance.md),
-    K = V = 16 ran fastest at L = 16 and K = V = 64 at L = 32.
+    O(K V / L), so short heads want short chunks: with K = V = 16 on a CPU, L = 64 ran well
+    behind 16 and 32 (docs/performance.md).
     """
     return min(64, max(16, (1 << (max(key_dim, value_dim) - 1).bit_length()) // 2))
 
