@@ -385,7 +385,7 @@ def bench(study: StudyArg,
           = None,
           kernels: Annotated[str, typer.Option(help="on, off or both (default: both on CUDA, off on a CPU)")] = "auto",
           rounds: Annotated[int, typer.Option(help="timed rounds, after one warm-up round")] = 5,
-          hf: Annotated[bool, typer.Option(help="also time Hugging Face transformers' Llama/Mamba where equivalent")]
+          hf: Annotated[bool, typer.Option(help="also time transformers' equivalent: Llama, Mamba, the gated delta rule")]
           = True,
           threads: Annotated[Optional[int], typer.Option(help="torch threads (default: the study's threads_per_trial)")]
           = None,
