@@ -24,36 +24,7 @@ import time
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
-
-
-def gdn_inputs(batch: int, seq_len: int, heads: int, head_dim: int) -> dict[str, torch.Tensor]:
-    """Gated-delta arguments as a Gated DeltaNet layer produces them (unit q and k)."""
-    b, t, h, d = batch, seq_len, heads, head_dim
-    return {
-        "q": F.normalize(torch.randn(b, t, h, d), dim=-1),  # [B, T, H, K]
-        "k": F.normalize(torch.randn(b, t, h, d), dim=-1),  # [B, T, H, K]
-        "v": torch.randn(b, t, h, d),  # [B, T, H, V]
-        "g": F.logsigmoid(torch.randn(b, t, h) + 3.0),  # [B, T, H]
-        "beta": torch.sigmoid(torch.randn(b, t, h)),  # [B, T, H]
-    }
-
-
-def passes(rule: Callable[..., torch.Tensor], inputs: dict[str, torch.Tensor], **kwargs) -> tuple[Callable, Callable]:
-    """(forward without autograd, forward + backward to every input) as callables."""
-    leaves = {name: x.detach().clone().requires_grad_() for name, x in inputs.items()}
-
-    def forward() -> None:
-        with torch.no_grad():
-            rule(**inputs, **kwargs)
-
-    def forward_backward() -> None:
-        out = rule(**leaves, **kwargs)
-        out.backward(torch.ones_like(out))
-        for x in leaves.values():
-            x.grad = None
-
-    return forward, forward_backward
+from bench_scan import gdn_inputs, passes  # this folder is on sys.path when the script runs
 
 
 def median_ms(fns: list[Callable[[], None]], repeats: int) -> tuple[list[float], list[float]]:
@@ -93,7 +64,7 @@ def main() -> None:
           f"  load avg {os.getloadavg()[0]:.2f}")
     print(f"B {args.batch}  T {args.seq_len}  H {args.heads}  K = V {args.head_dim}  chunk {args.chunk_size or 'default'}"
           f"  median of {args.repeats}")
-    inputs = gdn_inputs(args.batch, args.seq_len, args.heads, args.head_dim)
+    inputs = gdn_inputs(args)
     chunking = {} if args.chunk_size is None else {"chunk_size": args.chunk_size}
     theirs, ours = passes(_transformers_gated_delta_rule, inputs), passes(gated_delta_rule_chunked, inputs, **chunking)
     print(f"{'pass':<10}{'transformers ms':>17}{'ours ms':>10}{'speed-up':>10}{'CPU-time speed-up':>19}")
