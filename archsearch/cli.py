@@ -427,7 +427,7 @@ def bench(study: StudyArg,
               help="on (Triton on CUDA, C++ kernels on a CPU), off (PyTorch) or both (default: both where a "
                    "kernel applies, else off)")] = "auto",
           rounds: Annotated[int, typer.Option(help="timed rounds, after one warm-up round")] = 5,
-          hf: Annotated[bool, typer.Option(help="also time Hugging Face transformers' Llama/Mamba where equivalent")]
+          hf: Annotated[bool, typer.Option(help="also time transformers' equivalent: Llama, Mamba, the gated delta rule")]
           = True,
           threads: Annotated[Optional[int], typer.Option(help="torch threads (default: the study's threads_per_trial)")]
           = None,

@@ -1,6 +1,7 @@
 """Training tokens/s of Mamba and Gated DeltaNet against Transformer++, as ratios from one run.
 
     python benchmarks/bench_train.py [--d-model 128] [--layers 4] [--batch 8] [--seq-len 256] [--match params|width]
+                                     [--families transformer,mamba,gdn]
 
 Builds each family as the planner does (``spec_maker``, uniform MLP widths of
 8/3 d where the family has an MLP). With ``--match params`` (the default) the
@@ -9,12 +10,15 @@ DeltaNet to the transformer's non-embedding parameter count within 2%, as a
 ``match: params`` study would; ``--match width`` keeps every family at
 ``--d-model``. Then it times AdamW training steps of the three in interleaved
 rounds, so a noisy machine slows all three alike, and prints the median
-tokens/s of each and its ratio to the transformer's.
+tokens/s of each and its ratio to the transformer's; beside it the same from
+the process's CPU time (tokens per CPU-second over all threads), which a
+machine shared with other jobs disturbs far less than the wall clock.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -32,8 +36,14 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--match", choices=("params", "width"), default="params",
                         help="equal non-embedding parameters (solved widths) or equal d_model")
+    parser.add_argument("--families", default="transformer,mamba,gdn",
+                        help="comma-separated, the transformer always included (the ratios' base)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    families = ("transformer", *(f for f in ("mamba", "gdn") if f in args.families.split(",")))
+    unknown = set(args.families.split(",")) - {"transformer", "mamba", "gdn"}
+    if unknown:
+        parser.error(f"--families: unknown {sorted(unknown)}; choose from transformer, mamba, gdn")
 
     from archsearch.arch.families import spec_maker
     from archsearch.arch.model import build_model
@@ -41,7 +51,6 @@ def main() -> None:
     from archsearch.budget.solve import solve
     from archsearch.space.schema import ModelOptions
 
-    families = ("transformer", "mamba", "gdn")
     vocab = 256
     options = ModelOptions()
     makers = {family: spec_maker({"family": family, "num_layers": args.layers}, options, vocab_size=vocab)
@@ -71,18 +80,22 @@ def main() -> None:
     for family in families:  # warm: first-call allocations
         step(family)
     rates: dict[str, list[float]] = {family: [] for family in families}
+    cpu_rates: dict[str, list[float]] = {family: [] for family in families}
+    tokens_per_round = args.steps * args.batch * args.seq_len
     for _ in range(args.rounds):
         for family in families:
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             for _ in range(args.steps):
                 step(family)
-            rates[family].append(args.steps * args.batch * args.seq_len / (time.perf_counter() - start))
-    base = statistics.median(rates["transformer"])
+            rates[family].append(tokens_per_round / (time.perf_counter() - start))
+            cpu_rates[family].append(tokens_per_round / (time.process_time() - start_cpu))
+    base, cpu_base = statistics.median(rates["transformer"]), statistics.median(cpu_rates["transformer"])
     print(f"match {args.match}: transformer d {args.d_model}, {args.layers} layers, B {args.batch}, T {args.seq_len}, {args.threads} threads; "
-          f"median of {args.rounds} interleaved rounds of {args.steps} steps")
+          f"median of {args.rounds} interleaved rounds of {args.steps} steps; load avg {os.getloadavg()[0]:.1f}")
     for family in families:
-        rate = statistics.median(rates[family])
-        print(f"{family:<12} {rate:>9,.0f} tokens/s   {rate / base:.2f}x transformer")
+        rate, cpu_rate = statistics.median(rates[family]), statistics.median(cpu_rates[family])
+        print(f"{family:<12} {rate:>9,.0f} tokens/s   {rate / base:.2f}x transformer"
+              f"   {cpu_rate:>9,.0f} tokens/CPU-s   {cpu_rate / cpu_base:.2f}x")
 
 
 if __name__ == "__main__":

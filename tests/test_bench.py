@@ -113,6 +113,35 @@ def test_hugging_face_equivalent_has_the_same_parameters(mixer, mlp, width, impl
     assert sum(p.numel() for p in hf_model.parameters()) == ours
 
 
+def test_gated_deltanet_twin_is_our_model_with_transformers_rule():
+    """A Gated DeltaNet stack's twin runs transformers' chunked rule in every layer on the same
+    weights: the same loss and the same gradient of every weight as ours, to 1e-4."""
+    pytest.importorskip("transformers")
+    from archsearch.arch.model import build_model
+    from archsearch.data import Batch
+    from archsearch.train.loop import training_loss
+
+    spec = ArchSpec(family="gdn", vocab_size=64, d_model=32, num_heads=2,
+                    layers=(LayerSpec(mixer="gated_deltanet", mlp="swiglu", mlp_width=40),) * 2)
+    torch.manual_seed(0)
+    ours = build_model(spec)
+    torch.manual_seed(0)
+    name, twin = bench.hf_equivalent(spec, seq_len=70)
+    assert name == "hf-gdn-rule"
+    assert {m.rule for m in twin.modules() if hasattr(m, "rule")} == {bench._transformers_gated_delta_rule}
+    tokens = torch.randint(0, 64, (2, 71), generator=torch.Generator().manual_seed(1))
+    batch = Batch(inputs=tokens[:, :-1], targets=tokens[:, 1:])
+    losses = []
+    for model in (ours, twin):
+        loss = training_loss(model, batch)
+        loss.backward()
+        losses.append(loss.item())
+    assert losses[0] == pytest.approx(losses[1], abs=1e-5)
+    for (name, p_ours), p_twin in zip(ours.named_parameters(), twin.parameters()):
+        assert torch.equal(p_ours, p_twin), name
+        torch.testing.assert_close(p_twin.grad, p_ours.grad, atol=1e-4, rtol=1e-4, msg=name)
+
+
 def test_no_equivalent_for_uneven_widths_or_other_structures():
     spec = uniform_spec("attention", "swiglu", 40)
     uneven = ArchSpec(family="t", vocab_size=64, d_model=32, num_heads=4,

@@ -48,7 +48,7 @@ class BenchRow:
     trial: int  # index in the study's plan
     trial_id: str
     family: str
-    impl: str  # archsearch | hf-llama | hf-mamba
+    impl: str  # archsearch | hf-llama | hf-mamba | hf-gdn-rule (this model, transformers' chunked rule)
     kernels: str  # on (Triton on CUDA, C++ on a CPU, where the op has one) | off (PyTorch) | - (transformers)
     compile: str  # the torch.compile backend, or - (eager)
     params: int  # every parameter of the built model
@@ -107,9 +107,23 @@ def _hf_step(model: torch.nn.Module, batch: Batch, autocast: bool) -> Callable[[
     return step
 
 
+def _transformers_gated_delta_rule(q, k, v, g, beta, *, initial_state=None, return_last_state=False):
+    """transformers' pure-PyTorch `torch_chunk_gated_delta_rule` behind this repo's rule signature."""
+    from transformers.models.qwen3_next.modeling_qwen3_next import torch_chunk_gated_delta_rule
+
+    # transformers scales q by K^-1/2 itself; Gated DeltaNet hands the rule q already scaled
+    o, state = torch_chunk_gated_delta_rule(q * q.shape[-1] ** 0.5, k, v, g, beta, initial_state=initial_state,
+                                            output_final_state=return_last_state)
+    return (o, state) if return_last_state else o
+
+
 def hf_equivalent(spec: ArchSpec, seq_len: int) -> tuple[str, torch.nn.Module] | None:
     """The transformers model with this spec's configuration, or None when there is none
-    (transformers missing, a hybrid, a structure other than the plain stack, uneven widths)."""
+    (transformers missing, a hybrid, a structure other than the plain stack, uneven widths).
+
+    transformers has no Gated DeltaNet model of this layout, only the chunked rule inside
+    Qwen3-Next: a Gated DeltaNet stack comes back as this repo's model (built from the global
+    seed, like ours) with that function as every layer's rule ("hf-gdn-rule"), trained as ours."""
     try:
         import transformers
     except ImportError:
@@ -134,6 +148,14 @@ def hf_equivalent(spec: ArchSpec, seq_len: int) -> tuple[str, torch.nn.Module] |
             expand=s.inner // spec.d_model, conv_kernel=s.conv, time_step_rank=s.dt_rank, use_bias=False,
             use_conv_bias=True, layer_norm_epsilon=spec.norm_eps, tie_word_embeddings=spec.tie_embeddings)
         return "hf-mamba", transformers.MambaForCausalLM(config)
+    if layer.mixer == "gated_deltanet" and layer.options.get("scan", "chunked") == "chunked":
+        from archsearch.arch.blocks.gated_deltanet import GatedDeltaNet
+
+        model = build_model(spec)
+        for module in model.modules():
+            if isinstance(module, GatedDeltaNet):
+                module.rule = _transformers_gated_delta_rule
+        return "hf-gdn-rule", model
     return None
 
 
@@ -158,11 +180,15 @@ def _configs(trials: list, indices: list[int], *, device: torch.device, kernels:
                                             params=_count(model)),
                                    model=model, step=_archsearch_step(forward, data, mode, autocast),
                                    tokens=batch * seq_len, flops=flops))
+        torch.manual_seed(trial.seed)
         hf = hf_equivalent(trial.spec, seq_len) if compare_hf else None
         if hf is not None:
             impl, model = hf
-            configs.append(_Config(row=dict(base, impl=impl, kernels="-", compile="-", params=_count(model.to(device))),
-                                   model=model, step=_hf_step(model, data, autocast), tokens=batch * seq_len, flops=flops))
+            model = model.to(device)
+            step = (_archsearch_step(model, data, "reference", autocast) if impl == "hf-gdn-rule"
+                    else _hf_step(model, data, autocast))
+            configs.append(_Config(row=dict(base, impl=impl, kernels="-", compile="-", params=_count(model)),
+                                   model=model, step=step, tokens=batch * seq_len, flops=flops))
     return configs
 
 

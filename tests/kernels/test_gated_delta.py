@@ -33,7 +33,7 @@ class Shape:
     heads: int
     key_dim: int
     value_dim: int
-    chunk_size: int
+    chunk_size: int | None
 
 
 SHAPES = [
@@ -42,6 +42,8 @@ SHAPES = [
     pytest.param(Shape(1, 63, 2, 8, 5, 16), id="T63-ragged-last-chunk"),
     pytest.param(Shape(2, 64, 2, 4, 4, 16), id="T64-whole-chunks"),
     pytest.param(Shape(2, 100, 1, 6, 7, 64), id="T100-K6-V7-chunk64"),
+    # chunk_size None: the default picked from K and V (16 here), ragged at T = 50
+    pytest.param(Shape(2, 50, 3, 16, 16, None), id="T50-K16-default-chunk"),
 ]
 
 
@@ -123,6 +125,23 @@ def test_last_state_continues_the_rule(rule, assert_close):
     o_rest, state_rest = run(rule, {**rest, "initial_state": state_first})
     assert_close("o", o_full, torch.cat([o_first, o_rest], dim=1), ATOL)
     assert_close("last_state", state_full, state_rest, ATOL)
+
+
+def test_gradients_come_back_in_each_input_dtype_and_layout():
+    """bf16 leaves get bf16 gradients and a strided view (the layer's layout) the gradient of its
+    own shape; the initial state's gradient is None when there is none."""
+    shape = Shape(2, 21, 2, 5, 6, 8)
+    inputs = {name: x.detach() for name, x in make_inputs(shape).items()}
+    del inputs["initial_state"]
+    leaves = {name: x.bfloat16().requires_grad_() for name, x in inputs.items()}
+    o = gated_delta_rule_chunked(**leaves, chunk_size=8)
+    o.float().sum().backward()
+    assert all(x.grad is not None and x.grad.dtype == torch.bfloat16 for x in leaves.values())
+    wide = torch.randn(2, 21, 2, 3 * 5).requires_grad_()
+    q = wide[..., :5]  # a view with strides, as the layer hands q
+    o = gated_delta_rule_chunked(q, **{n: x for n, x in inputs.items() if n != "q"}, chunk_size=8)
+    o.sum().backward()
+    assert wide.grad.shape == wide.shape and wide.grad[..., 5:].abs().max() == 0
 
 
 @pytest.mark.parametrize("rule", BOTH)

@@ -75,10 +75,13 @@ class GatedDeltaNet(nn.Module):
         H, K, V = s.heads, s.key, s.value
         # left padding only: causal, and torch counts exactly k MACs per output
         qkv_BXT = self.conv(F.pad(self.qkv_proj(x_BTD).transpose(1, 2), (s.conv - 1, 0)))
-        q_BTX, k_BTX, v_BTX = F.silu(qkv_BXT.transpose(1, 2)).split([H * K, H * K, H * V], dim=-1)
-        # the rule takes q unscaled; fla's kernel scales it by K^-1/2 by default
-        q_BTHK = F.normalize(q_BTX.view(B, T, H, K), dim=-1) * K**-0.5
-        k_BTHK = F.normalize(k_BTX.view(B, T, H, K), dim=-1)
+        # one copy back to [B, T, X] rows: every elementwise op below, and their backward, then
+        # run on contiguous memory instead of the conv's [B, X, T] (a few ms a layer on a CPU)
+        qkv_BTX = F.silu(qkv_BXT.transpose(1, 2).contiguous())
+        qk_BTX, v_BTX = qkv_BTX.split([2 * H * K, H * V], dim=-1)
+        # q and k l2-normalised in one call; the rule takes q unscaled, fla's kernel scales it by K^-1/2
+        q_BTHK, k_BTHK = F.normalize(qk_BTX.view(B, T, 2, H, K), dim=-1).unbind(2)
+        q_BTHK = q_BTHK * K**-0.5
         g_BTH, beta_BTH = self.gates(x_BTD)
         o_BTHV = self.rule(q_BTHK, k_BTHK, v_BTX.view(B, T, H, V), g_BTH, beta_BTH)
         o_BTHV = self.norm(o_BTHV) * F.silu(self.gate_proj(x_BTD).view(B, T, H, V))
