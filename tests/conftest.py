@@ -51,6 +51,21 @@ def tiny_study_text(*, corpus: Path, targets: str = "[6000]", steps: int = 12) -
         """)
 
 
+@pytest.fixture(autouse=True)
+def _kernel_settings_restored():
+    """The kernel settings (`ARCHSEARCH_KERNELS`, and the ops a preflight or `dispatch.disable`
+    turned off, written straight into os.environ) are put back after every test, so one test's
+    turned-off kernel never leaks into the next."""
+    names = ("ARCHSEARCH_KERNELS", "ARCHSEARCH_KERNELS_DISABLE")
+    before = {name: os.environ.get(name) for name in names}
+    yield
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _token_cache(tmp_path_factory):
     """Every corpus a test opens is cached under one session folder, never in ~/.cache.

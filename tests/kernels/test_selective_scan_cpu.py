@@ -35,7 +35,9 @@ def built():
 @pytest.fixture(autouse=True)
 def clean_setting(monkeypatch):
     monkeypatch.delenv(dispatch.MODE_VAR, raising=False)
-    monkeypatch.delenv(dispatch.DISABLE_VAR, raising=False)
+    # set, not deleted: monkeypatch then restores the variable after the test, although
+    # dispatch.disable writes os.environ directly
+    monkeypatch.setenv(dispatch.DISABLE_VAR, "")
 
 
 def assert_matches_naive(inputs):
