@@ -98,153 +98,159 @@ def gated_delta_rule_chunked(
 
 
 def _to_chunks(x_BTHX: torch.Tensor, chunk_len: int) -> torch.Tensor:
-    """[B, T, H, X] -> [B, H, J, L, X] in fp32, contiguous, T zero-padded up to J*L.
+    """[B, T, H, X] -> [J, B, H, L, X] in fp32, contiguous, T zero-padded up to J*L.
+
+    Chunk-major, so chunk j of every (batch, head) is one contiguous [B*H, L, X] block: the
+    loops over chunks then read and write (``out=``) whole blocks, with no copy per chunk.
 
     Padded steps get k = 0, beta = 0 and g = 0: no decay and no write, so they leave the
     state as it was after step T and the last state needs no special case.
     """
     pad = -x_BTHX.shape[1] % chunk_len
     x_BTHX = F.pad(x_BTHX.float(), (0, 0, 0, 0, 0, pad)) if pad else x_BTHX.float()
-    return x_BTHX.unflatten(1, (-1, chunk_len)).permute(0, 3, 1, 2, 4).contiguous()
+    return x_BTHX.unflatten(1, (-1, chunk_len)).permute(1, 0, 3, 2, 4).contiguous()
 
 
-def _from_chunks(x_BHJLX: torch.Tensor, seq_len: int, dtype: torch.dtype) -> torch.Tensor:
-    """[B, H, J, L, X] -> [B, T, H, X], contiguous, the padding dropped."""
-    return x_BHJLX.flatten(2, 3).transpose(1, 2)[:, :seq_len].to(dtype, memory_format=torch.contiguous_format)
+def _from_chunks(x_JBHLX: torch.Tensor, seq_len: int, dtype: torch.dtype) -> torch.Tensor:
+    """[J, B, H, L, X] -> [B, T, H, X], contiguous, the padding dropped."""
+    return x_JBHLX.permute(1, 0, 3, 2, 4).flatten(1, 2)[:, :seq_len].to(dtype, memory_format=torch.contiguous_format)
 
 
-def _at(x_BHJYX: torch.Tensor, j: int) -> torch.Tensor:
-    """Chunk j of every (batch, head) as one batch of matrices: [B, H, J, Y, X] -> [B*H, Y, X], a view."""
-    return x_BHJYX[:, :, j].flatten(0, 1)
+def _at(x_JBHYX: torch.Tensor, j: int) -> torch.Tensor:
+    """Chunk j of every (batch, head) as one batch of matrices: [J, B, H, Y, X] -> [B*H, Y, X], a view."""
+    return x_JBHYX[j].flatten(0, 1)
 
 
-def _decay(G_BHJL: torch.Tensor) -> torch.Tensor:
-    """D [B, H, J, L, L]: exp(G_l - G_s) on and below the diagonal, exactly 0 above it."""
-    chunk_len = G_BHJL.shape[-1]
-    above_LL = torch.ones(chunk_len, chunk_len, dtype=torch.bool, device=G_BHJL.device).triu(1)
-    return (G_BHJL[..., :, None] - G_BHJL[..., None, :]).masked_fill_(above_LL, float("-inf")).exp_()
+def _decay(G_JBHL: torch.Tensor) -> torch.Tensor:
+    """D [J, B, H, L, L]: exp(G_l - G_s) on and below the diagonal, exactly 0 above it."""
+    chunk_len = G_JBHL.shape[-1]
+    above_LL = torch.ones(chunk_len, chunk_len, dtype=torch.bool, device=G_JBHL.device).triu(1)
+    return (G_JBHL[..., :, None] - G_JBHL[..., None, :]).masked_fill_(above_LL, float("-inf")).exp_()
 
 
 class _ChunkedRule(torch.autograd.Function):
     """(q, k, v, g, beta, S_0 or None, L) as `gated_delta_rule_chunked` takes them -> (o [B, T, H, V]
     fp32, S_T [B, H, K, V]).
 
-    The chunked layout [B, H, J, L, X] is made and undone inside, so autograd keeps no node per
+    The chunked layout [J, B, H, L, X] (chunk-major) is made and undone inside, so autograd keeps no node per
     copy. Saves the chunk-local products the forward made anyway and the state entering each
-    chunk ([B, H, J, K, V], small); the backward follows the module docstring.
+    chunk ([J, B, H, K, V], small); the backward follows the module docstring.
     """
 
     @staticmethod
     def forward(ctx, q, k, v, g, beta, initial_state, chunk_len):
         batch, seq_len, heads, key_dim = q.shape
         value_dim = v.shape[-1]
-        q_BHJLK, k_BHJLK, v_BHJLV = (_to_chunks(x, chunk_len) for x in (q, k, v))
-        beta_BHJL = _to_chunks(beta[..., None], chunk_len)[..., 0]
+        q_JBHLK, k_JBHLK, v_JBHLV = (_to_chunks(x, chunk_len) for x in (q, k, v))
+        beta_JBHL = _to_chunks(beta[..., None], chunk_len)[..., 0]
         # log-decay from the chunk start up to and including each step; <= 0 and small in size
         # because it never runs past one chunk, so differences of it keep their precision
-        G_BHJL = _to_chunks(g[..., None], chunk_len)[..., 0].cumsum(-1)
+        G_JBHL = _to_chunks(g[..., None], chunk_len)[..., 0].cumsum(-1)
         if initial_state is None:
-            state_BHKV = q_BHJLK.new_zeros(batch, heads, key_dim, value_dim)
+            state_BHKV = q_JBHLK.new_zeros(batch, heads, key_dim, value_dim)
         else:
             state_BHKV = initial_state.float()
-        D_BHJLL = _decay(G_BHJL)
-        kk_BHJLL = k_BHJLK @ k_BHJLK.mT
+        D_JBHLL = _decay(G_JBHL)
+        kk_JBHLL = k_JBHLK @ k_JBHLK.mT
         # M's strictly lower part; the solve is told the diagonal is 1 and reads nothing above it
-        M_BHJLL = beta_BHJL[..., None] * kk_BHJLL * D_BHJLL
-        gamma_BHJL = G_BHJL.exp()
-        R_BHJLX = torch.cat([beta_BHJL[..., None] * v_BHJLV, (beta_BHJL * gamma_BHJL)[..., None] * k_BHJLK], -1)
+        M_JBHLL = beta_JBHL[..., None] * kk_JBHLL * D_JBHLL
+        gamma_JBHL = G_JBHL.exp()
+        R_JBHLX = torch.cat([beta_JBHL[..., None] * v_JBHLV, (beta_JBHL * gamma_JBHL)[..., None] * k_JBHLK], -1)
         # A^-1 itself, by one solve against the identity: then X and the backward's A^-T dX are
         # matmuls, which on a CPU beat two solves against [L, V + K] right-hand sides
-        eye_BHJLL = torch.eye(M_BHJLL.shape[-1], device=M_BHJLL.device).expand_as(M_BHJLL)
-        Ainv_BHJLL = torch.linalg.solve_triangular(M_BHJLL, eye_BHJLL, upper=False, unitriangular=True)
-        X_BHJLX = Ainv_BHJLL @ R_BHJLX
-        U_BHJLV, Wk_BHJLK = X_BHJLX.split([value_dim, X_BHJLX.shape[-1] - value_dim], dim=-1)
+        eye_JBHLL = torch.eye(M_JBHLL.shape[-1], device=M_JBHLL.device).expand_as(M_JBHLL)
+        Ainv_JBHLL = torch.linalg.solve_triangular(M_JBHLL, eye_JBHLL, upper=False, unitriangular=True)
+        X_JBHLX = Ainv_JBHLL @ R_JBHLX
+        U_JBHLV, Wk_JBHLK = X_JBHLX.split([value_dim, X_JBHLX.shape[-1] - value_dim], dim=-1)
         # everything the chunk loop needs that does not depend on the state, for all chunks at once
-        qk_BHJLL = q_BHJLK @ k_BHJLK.mT
-        P_BHJLL = qk_BHJLL * D_BHJLL
-        to_end_BHJL = (G_BHJL[..., -1:] - G_BHJL).exp()
-        Kd_BHJLK = k_BHJLK * to_end_BHJL[..., None]
-        chunk_decay_BHJ = gamma_BHJL[..., -1]
+        qk_JBHLL = q_JBHLK @ k_JBHLK.mT
+        P_JBHLL = qk_JBHLL * D_JBHLL
+        to_end_JBHL = (G_JBHL[..., -1:] - G_JBHL).exp()
+        Kd_JBHLK = k_JBHLK * to_end_JBHL[..., None]
+        chunk_decay_JBH = gamma_JBHL[..., -1]
 
-        W_BHJLV = torch.empty_like(U_BHJLV)
-        states_BHJKV = state_BHKV.new_empty(*Kd_BHJLK.shape[:3], *state_BHKV.shape[-2:])
-        # the loop runs on [B*H, ...] views of chunk j, five ops a chunk (baddbmm fuses the adds)
-        chunk_decay_JN11 = chunk_decay_BHJ.flatten(0, 1).T[..., None, None]
-        state_NKV = state_BHKV.reshape(-1, key_dim, value_dim)
-        for j in range(Kd_BHJLK.shape[2]):
-            _at(states_BHJKV, j).copy_(state_NKV)
+        num_chunks = Kd_JBHLK.shape[0]
+        W_JBHLV = U_JBHLV.new_empty(U_JBHLV.shape)
+        states_JBHKV = state_BHKV.new_empty(num_chunks, *state_BHKV.shape)  # the state entering each chunk
+        # the loop runs on contiguous [B*H, ...] blocks of chunk j, writing its results in place:
+        # three ops a chunk (baddbmm fuses the adds)
+        chunk_decay_JN11 = chunk_decay_JBH.flatten(1, 2)[..., None, None]
+        _at(states_JBHKV, 0).copy_(state_BHKV.reshape(-1, key_dim, value_dim))
+        for j in range(num_chunks):
+            state_NKV = _at(states_JBHKV, j)
             # what the delta rule writes at each step, now that the state entering the chunk is known
-            W_NLV = torch.baddbmm(_at(U_BHJLV, j), _at(Wk_BHJLK, j), state_NKV, alpha=-1)
-            _at(W_BHJLV, j).copy_(W_NLV)  # (baddbmm's out= into this strided view ran 5x slower)
-            state_NKV = torch.baddbmm(chunk_decay_JN11[j] * state_NKV, _at(Kd_BHJLK, j).mT, W_NLV)
+            W_NLV = torch.baddbmm(_at(U_JBHLV, j), _at(Wk_JBHLK, j), state_NKV, alpha=-1, out=_at(W_JBHLV, j))
+            leaving = _at(states_JBHKV, j + 1) if j + 1 < num_chunks else None
+            state_NKV = torch.baddbmm(chunk_decay_JN11[j] * state_NKV, _at(Kd_JBHLK, j).mT, W_NLV, out=leaving)
         state_BHKV = state_NKV.view(batch, heads, key_dim, value_dim)
-        Qd_BHJLK = q_BHJLK * gamma_BHJL[..., None]
-        o_BHJLV = Qd_BHJLK @ states_BHJKV + P_BHJLL @ W_BHJLV
-        ctx.save_for_backward(q_BHJLK, k_BHJLK, v_BHJLV, beta_BHJL, gamma_BHJL, to_end_BHJL, D_BHJLL, Ainv_BHJLL,
-                              kk_BHJLL, qk_BHJLL, P_BHJLL, X_BHJLX, W_BHJLV, states_BHJKV, Qd_BHJLK, Kd_BHJLK)
+        Qd_JBHLK = q_JBHLK * gamma_JBHL[..., None]
+        o_JBHLV = Qd_JBHLK @ states_JBHKV + P_JBHLL @ W_JBHLV
+        ctx.save_for_backward(q_JBHLK, k_JBHLK, v_JBHLV, beta_JBHL, gamma_JBHL, to_end_JBHL, D_JBHLL, Ainv_JBHLL,
+                              kk_JBHLL, qk_JBHLL, P_JBHLL, X_JBHLX, W_JBHLV, states_JBHKV, Qd_JBHLK, Kd_JBHLK)
         ctx.seq_len, ctx.chunk_len = seq_len, chunk_len
         ctx.dtypes = [x.dtype for x in (q, k, v, g, beta)]
         ctx.state_dtype = None if initial_state is None else initial_state.dtype
-        return _from_chunks(o_BHJLV, seq_len, torch.float32), state_BHKV
+        return _from_chunks(o_JBHLV, seq_len, torch.float32), state_BHKV
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, do_BTHV, dlast_BHKV):
-        (q_BHJLK, k_BHJLK, v_BHJLV, beta_BHJL, gamma_BHJL, to_end_BHJL, D_BHJLL, Ainv_BHJLL,
-         kk_BHJLL, qk_BHJLL, P_BHJLL, X_BHJLX, W_BHJLV, states_BHJKV, Qd_BHJLK, Kd_BHJLK) = ctx.saved_tensors
-        value_dim = v_BHJLV.shape[-1]
-        Wk_BHJLK = X_BHJLX[..., value_dim:]
-        chunk_decay_BHJ = gamma_BHJL[..., -1]
-        do_BHJLV = _to_chunks(do_BTHV, ctx.chunk_len)
+        (q_JBHLK, k_JBHLK, v_JBHLV, beta_JBHL, gamma_JBHL, to_end_JBHL, D_JBHLL, Ainv_JBHLL,
+         kk_JBHLL, qk_JBHLL, P_JBHLL, X_JBHLX, W_JBHLV, states_JBHKV, Qd_JBHLK, Kd_JBHLK) = ctx.saved_tensors
+        value_dim = v_JBHLV.shape[-1]
+        Wk_JBHLK = X_JBHLX[..., value_dim:]
+        chunk_decay_JBH = gamma_JBHL[..., -1]
+        do_JBHLV = _to_chunks(do_BTHV, ctx.chunk_len)
 
         # the loop back over chunks: dW_j and the gradient of the state entering each chunk
-        PtdO_BHJLV = P_BHJLL.mT @ do_BHJLV
-        QdtdO_BHJKV = Qd_BHJLK.mT @ do_BHJLV
-        dW_BHJLV = torch.empty_like(W_BHJLV)
-        dnext_BHJKV = torch.empty_like(states_BHJKV)  # gradient of the state leaving chunk j
-        chunk_decay_JN11 = chunk_decay_BHJ.flatten(0, 1).T[..., None, None]
-        dstate_NKV = dlast_BHKV.float().reshape(-1, *dlast_BHKV.shape[-2:])
-        for j in reversed(range(W_BHJLV.shape[2])):
-            _at(dnext_BHJKV, j).copy_(dstate_NKV)
-            dW_NLV = torch.baddbmm(_at(PtdO_BHJLV, j), _at(Kd_BHJLK, j), dstate_NKV)
-            _at(dW_BHJLV, j).copy_(dW_NLV)
-            dstate_NKV = torch.baddbmm(torch.addcmul(_at(QdtdO_BHJKV, j), chunk_decay_JN11[j], dstate_NKV),
-                                       _at(Wk_BHJLK, j).mT, dW_NLV, alpha=-1)
+        PtdO_JBHLV = P_JBHLL.mT @ do_JBHLV
+        QdtdO_JBHKV = Qd_JBHLK.mT @ do_JBHLV
+        num_chunks = W_JBHLV.shape[0]
+        dW_JBHLV = torch.empty_like(W_JBHLV)
+        dnext_JBHKV = torch.empty_like(states_JBHKV)  # gradient of the state leaving chunk j
+        chunk_decay_JN11 = chunk_decay_JBH.flatten(1, 2)[..., None, None]
+        _at(dnext_JBHKV, num_chunks - 1).copy_(dlast_BHKV.float().reshape(-1, *dlast_BHKV.shape[-2:]))
+        for j in reversed(range(num_chunks)):
+            dstate_NKV = _at(dnext_JBHKV, j)
+            dW_NLV = torch.baddbmm(_at(PtdO_JBHLV, j), _at(Kd_JBHLK, j), dstate_NKV, out=_at(dW_JBHLV, j))
+            entering = _at(dnext_JBHKV, j - 1) if j > 0 else None
+            dstate_NKV = torch.baddbmm(torch.addcmul(_at(QdtdO_JBHKV, j), chunk_decay_JN11[j], dstate_NKV),
+                                       _at(Wk_JBHLK, j).mT, dW_NLV, alpha=-1, out=entering)
         dstate_BHKV = dstate_NKV.view_as(dlast_BHKV)
 
         # the rest is batched over chunks
-        dQd_BHJLK = do_BHJLV @ states_BHJKV.mT
-        dP_BHJLL = do_BHJLV @ W_BHJLV.mT
-        dKd_BHJLK = W_BHJLV @ dnext_BHJKV.mT
-        dchunk_decay_BHJ = (states_BHJKV * dnext_BHJKV).sum((-1, -2))
-        dX_BHJLX = torch.cat([dW_BHJLV, -(dW_BHJLV @ states_BHJKV.mT)], -1)
+        dQd_JBHLK = do_JBHLV @ states_JBHKV.mT
+        dP_JBHLL = do_JBHLV @ W_JBHLV.mT
+        dKd_JBHLK = W_JBHLV @ dnext_JBHKV.mT
+        dchunk_decay_JBH = (states_JBHKV * dnext_JBHKV).sum((-1, -2))
+        dX_JBHLX = torch.cat([dW_JBHLV, -(dW_JBHLV @ states_JBHKV.mT)], -1)
         # X = A^-1 R with A unit lower-triangular: dR = A^-T dX, dA = -dR X^T on A's strictly lower part
-        dR_BHJLX = Ainv_BHJLL.mT @ dX_BHJLX
-        dM_BHJLL = (dR_BHJLX @ X_BHJLX.mT).tril_(-1).neg_()
-        dRv_BHJLV, dRk_BHJLK = dR_BHJLX.split([value_dim, dR_BHJLX.shape[-1] - value_dim], dim=-1)
+        dR_JBHLX = Ainv_JBHLL.mT @ dX_JBHLX
+        dM_JBHLL = (dR_JBHLX @ X_JBHLX.mT).tril_(-1).neg_()
+        dRv_JBHLV, dRk_JBHLK = dR_JBHLX.split([value_dim, dR_JBHLX.shape[-1] - value_dim], dim=-1)
 
         # M = beta (k k^T) * D and P = (q k^T) * D
-        dMD_BHJLL = dM_BHJLL * D_BHJLL
-        dMDkk_BHJLL = dMD_BHJLL * kk_BHJLL
-        dMk_BHJLL = beta_BHJL[..., None] * dMD_BHJLL  # the gradient of k k^T
-        dPD_BHJLL = dP_BHJLL * D_BHJLL
-        dq_BHJLK = dQd_BHJLK * gamma_BHJL[..., None] + dPD_BHJLL @ k_BHJLK
-        dk_BHJLK = (dMk_BHJLL + dMk_BHJLL.mT) @ k_BHJLK + dPD_BHJLL.mT @ q_BHJLK
-        dk_BHJLK += dKd_BHJLK * to_end_BHJL[..., None] + dRk_BHJLK * (beta_BHJL * gamma_BHJL)[..., None]
-        dv_BHJLV = dRv_BHJLV * beta_BHJL[..., None]
-        dRk_k_BHJL = (dRk_BHJLK * k_BHJLK).sum(-1)
-        dbeta_BHJL = (dRv_BHJLV * v_BHJLV).sum(-1) + dRk_k_BHJL * gamma_BHJL + dMDkk_BHJLL.sum(-1)
+        dMD_JBHLL = dM_JBHLL * D_JBHLL
+        dMDkk_JBHLL = dMD_JBHLL * kk_JBHLL
+        dMk_JBHLL = beta_JBHL[..., None] * dMD_JBHLL  # the gradient of k k^T
+        dPD_JBHLL = dP_JBHLL * D_JBHLL
+        dq_JBHLK = dQd_JBHLK * gamma_JBHL[..., None] + dPD_JBHLL @ k_JBHLK
+        dk_JBHLK = (dMk_JBHLL + dMk_JBHLL.mT) @ k_JBHLK + dPD_JBHLL.mT @ q_JBHLK
+        dk_JBHLK += dKd_JBHLK * to_end_JBHL[..., None] + dRk_JBHLK * (beta_JBHL * gamma_JBHL)[..., None]
+        dv_JBHLV = dRv_JBHLV * beta_JBHL[..., None]
+        dRk_k_JBHL = (dRk_JBHLK * k_JBHLK).sum(-1)
+        dbeta_JBHL = (dRv_JBHLV * v_JBHLV).sum(-1) + dRk_k_JBHL * gamma_JBHL + dMDkk_JBHLL.sum(-1)
 
         # G enters through D_ls = exp(G_l - G_s), gamma = exp(G) and exp(G_L - G)
-        dlogD_BHJLL = beta_BHJL[..., None] * dMDkk_BHJLL + dPD_BHJLL * qk_BHJLL
-        dgamma_BHJL = (dQd_BHJLK * q_BHJLK).sum(-1) + beta_BHJL * dRk_k_BHJL
-        dto_end_BHJL = (dKd_BHJLK * k_BHJLK).sum(-1) * to_end_BHJL
-        dG_BHJL = dlogD_BHJLL.sum(-1) - dlogD_BHJLL.sum(-2) + dgamma_BHJL * gamma_BHJL - dto_end_BHJL
-        dG_BHJL[..., -1] += dto_end_BHJL.sum(-1) + dchunk_decay_BHJ * chunk_decay_BHJ
+        dlogD_JBHLL = beta_JBHL[..., None] * dMDkk_JBHLL + dPD_JBHLL * qk_JBHLL
+        dgamma_JBHL = (dQd_JBHLK * q_JBHLK).sum(-1) + beta_JBHL * dRk_k_JBHL
+        dto_end_JBHL = (dKd_JBHLK * k_JBHLK).sum(-1) * to_end_JBHL
+        dG_JBHL = dlogD_JBHLL.sum(-1) - dlogD_JBHLL.sum(-2) + dgamma_JBHL * gamma_JBHL - dto_end_JBHL
+        dG_JBHL[..., -1] += dto_end_JBHL.sum(-1) + dchunk_decay_JBH * chunk_decay_JBH
         # G = cumsum(g) within the chunk: dg_l = sum of dG over steps l and later
-        dg_BHJL = dG_BHJL - dG_BHJL.cumsum(-1) + dG_BHJL.sum(-1, keepdim=True)
+        dg_JBHL = dG_JBHL - dG_JBHL.cumsum(-1) + dG_JBHL.sum(-1, keepdim=True)
         grads = [_from_chunks(x, ctx.seq_len, dtype) for x, dtype in
-                 zip((dq_BHJLK, dk_BHJLK, dv_BHJLV, dg_BHJL[..., None], dbeta_BHJL[..., None]), ctx.dtypes)]
+                 zip((dq_JBHLK, dk_JBHLK, dv_JBHLV, dg_JBHL[..., None], dbeta_JBHL[..., None]), ctx.dtypes)]
         grads[3:] = [x[..., 0] for x in grads[3:]]
         dinitial = None if ctx.state_dtype is None else dstate_BHKV.to(ctx.state_dtype)
         return *grads, dinitial, None
