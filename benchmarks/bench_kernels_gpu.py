@@ -16,8 +16,10 @@ Sizes: B 8, T 2048, d 1024; SwiGLU width 2816 (8/3 d rounded to 256); Mamba E = 
 linear + cross-entropy over V 32000 and 128256 (N = B T = 16384 rows); gated delta rule
 H 8, K = V = 128: the chunked kernel (chunks of 64, and of 32), the recurrent kernel, fla's
 chunk_gated_delta_rule and the PyTorch chunked form, then the chunked kernel against the
-recurrent one at T 16, 64, 256 (where archsearch_kernels.dispatch.CHUNKED_FROM should sit).
-Dimensions: B batch, T time, D width, F MLP width, E channels, N state, V vocabulary.
+recurrent one at T 16, 64, 256 (where archsearch_kernels.dispatch.CHUNKED_FROM should sit);
+Mamba-2's SSD scan with E = 2d in heads of P 64, N 128: the kernel, mamba-ssm's
+mamba_chunk_scan_combined and the PyTorch chunked form.
+Dimensions: B batch, T time, D width, F MLP width, E channels, N state, V vocabulary, P head dim.
 """
 
 from __future__ import annotations
@@ -214,6 +216,21 @@ def main() -> None:
         short = {name: x.detach()[:, :steps].clone().requires_grad_() for name, x in gdr_inputs.items()}
         bench_op(f"gated_delta_rule_T{steps}", {"triton": gated_delta_rule_chunked_triton,
                                                 "triton-recurrent": gated_delta_rule_triton}, short, args.repeats, rows)
+
+    from archsearch_kernels.ssd import ssd_chunked, ssd_triton
+
+    # Mamba-2's SSD: E = 2d in heads of P 64, one group, N 128
+    p, n = min(64, 2 * d), min(128, d)
+    heads = 2 * d // p
+    ssd_inputs = dict(x=leaf(b, t, heads, p), dt=F.softplus(torch.randn(b, t, heads, device=dev) - 3).requires_grad_(),
+                      A=(-torch.rand(heads, device=dev) * 15 - 1).requires_grad_(), B=leaf(b, t, 1, n),
+                      C=leaf(b, t, 1, n), D=leaf(heads, dtype=torch.float32))
+    impls = {"triton": ssd_triton}
+    mamba_ssd = optional("mamba_ssm.ops.triton.ssd_combined", "mamba_chunk_scan_combined")
+    if mamba_ssd is not None:
+        impls["mamba_ssm"] = lambda **kw: mamba_ssd(**kw, chunk_size=64)
+    impls["torch-chunked"] = ssd_chunked
+    bench_op("ssd", impls, ssd_inputs, args.repeats, rows)
 
     if args.json:
         with open(args.json, "w") as f:

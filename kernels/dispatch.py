@@ -48,10 +48,12 @@ from .linear_cross_entropy import linear_cross_entropy_naive, linear_cross_entro
 from .rmsnorm import rms_norm_naive, rms_norm_triton
 from .selective_scan import selective_scan_chunked, selective_scan_naive, selective_scan_triton
 from .selective_scan import cpu as selective_scan_cpu_kernel
+from .ssd import ssd_chunked, ssd_naive, ssd_triton
 from .swiglu import swiglu_naive, swiglu_triton
 
 MODES = ("auto", "triton", "cpp", "reference")
-OPS = ("rms_norm", "swiglu", "selective_scan", "gated_delta_rule", "gated_delta_rule_chunked", "linear_cross_entropy")
+OPS = ("rms_norm", "swiglu", "selective_scan", "gated_delta_rule", "gated_delta_rule_chunked", "ssd",
+       "linear_cross_entropy")
 # sequences from this length on take the chunked gated delta kernel, shorter ones the recurrent
 # one: one default chunk (64 steps). Not yet measured on a GPU; benchmarks/bench_kernels_gpu.py
 # times both over a sweep of T to set it
@@ -156,6 +158,15 @@ def gated_delta_rule(*args, **kwargs):
     return gated_delta_rule_chunked(*args, **kwargs)
 
 
+def ssd(*args, chunk_size: int = 64, **kwargs):
+    """Mamba-2 SSD scan; the arguments and return of `ssd_naive`. `chunk_size` is the chunked
+    PyTorch path's chunk length; the Triton kernel keeps its own checkpoint interval."""
+    x = args[0] if args else kwargs["x"]
+    if use_triton("ssd", x.device):
+        return ssd_triton(*args, **kwargs)
+    return ssd_chunked(*args, chunk_size=chunk_size, **kwargs)
+
+
 def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
                          ignore_index: int = -100) -> torch.Tensor:
     """Mean cross-entropy of ``x @ weight.T`` over the rows whose target is not `ignore_index`."""
@@ -189,6 +200,10 @@ def _probe_inputs(op: str, device: torch.device) -> dict[str, torch.Tensor]:
         return dict(q=randn(2, 77, 3, 32), k=F.normalize(torch.randn(2, 77, 3, 32, generator=gen), dim=-1).to(device),
                     v=randn(2, 77, 3, 40), g=F.logsigmoid(2 + torch.randn(2, 77, 3, generator=gen)).to(device),
                     beta=torch.rand(2, 77, 3, generator=gen).to(device))
+    if op == "ssd":  # T 77: three checkpoint intervals of 32, the last ragged; 4 heads over 2 groups
+        dt = F.softplus(torch.randn(2, 77, 4, generator=gen) - 1).to(device).requires_grad_()
+        A = (-torch.rand(4, generator=gen) - 0.1).to(device).requires_grad_()
+        return dict(x=randn(2, 77, 4, 24), dt=dt, A=A, B=randn(2, 77, 2, 16), C=randn(2, 77, 2, 16), D=randn(4))
     return dict(u=randn(2, 40, 77), delta=randn(2, 40, 77), A=-torch.rand(40, 16, generator=gen).to(device),
                 B=randn(2, 16, 77), C=randn(2, 16, 77), D=randn(40), z=randn(2, 40, 77))
 
@@ -211,6 +226,7 @@ PAIRS = {
     "selective_scan": (selective_scan_triton, selective_scan_naive),
     "gated_delta_rule": (gated_delta_rule_triton, gated_delta_rule_naive),
     "gated_delta_rule_chunked": (gated_delta_rule_chunked_triton, gated_delta_rule_naive),
+    "ssd": (ssd_triton, ssd_naive),
     "linear_cross_entropy": (linear_cross_entropy_triton, linear_cross_entropy_naive),
 }
 
@@ -254,4 +270,4 @@ def preflight(ops: Iterable[str], device: torch.device | str) -> dict[str, str]:
 __all__ = ["CHUNKED_FROM", "CPU_KERNELS", "MODES", "OPS", "RMSNorm", "check", "disable", "disabled", "forced",
            "gated_delta_rule",
            "linear_cross_entropy", "mode",
-           "preflight", "rms_norm", "selective_scan", "swiglu", "use_cpp", "use_triton"]
+           "preflight", "rms_norm", "selective_scan", "ssd", "swiglu", "use_cpp", "use_triton"]

@@ -183,7 +183,7 @@ def test_the_prepared_gpu_script_runs_end_to_end_in_the_interpreter(tmp_path):
     rows = json.loads(out.read_text())["rows"]
     kernels = {row["op"]: row for row in rows if row["impl"] == "triton"}
     assert set(kernels) == {"rms_norm", "swiglu", "linear_cross_entropy_V50", "selective_scan", "gated_delta_rule",
-                            "gated_delta_rule_T8"}
+                            "gated_delta_rule_T8", "ssd"}
     assert all(row["rel_error_vs_reference"] < 1e-4 for row in kernels.values())
     gdr_others = [row for row in rows if row["impl"] in ("triton-chunk32", "triton-recurrent")]
     assert len(gdr_others) == 3 and all(row["rel_error_vs_reference"] < 1e-4 for row in gdr_others)

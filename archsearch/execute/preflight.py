@@ -24,8 +24,8 @@ MODE_VAR, DISABLE_VAR = "ARCHSEARCH_KERNELS", "ARCHSEARCH_KERNELS_DISABLE"
 
 def kernels_used(specs: Iterable[ArchSpec]) -> list[str]:
     """The dispatched ops these models run: RMSNorm and the fused loss always, SwiGLU, the
-    selective scan and the gated delta rule (both its kernels: which one runs depends on the
-    sequence length) where a layer has them."""
+    selective scan, the gated delta rule (both its kernels: which one runs depends on the
+    sequence length) and the SSD scan where a layer has them."""
     ops = {"rms_norm", "linear_cross_entropy"}
     for spec in specs:
         for layer in spec.layers:
@@ -35,6 +35,8 @@ def kernels_used(specs: Iterable[ArchSpec]) -> list[str]:
                 ops.add("selective_scan")
             if layer.mixer == "gated_deltanet":
                 ops.update(("gated_delta_rule", "gated_delta_rule_chunked"))
+            if layer.mixer == "mamba2":
+                ops.add("ssd")
     return sorted(ops)
 
 

@@ -37,7 +37,8 @@ import functools
 
 import torch
 import torch.nn.functional as F
-from archsearch_kernels.ssd import ssd_chunked, ssd_naive
+from archsearch_kernels.dispatch import ssd
+from archsearch_kernels.ssd import ssd_naive
 from torch import nn
 
 from archsearch.arch.blocks.mamba import causal_conv, inverse_softplus_dt
@@ -51,7 +52,8 @@ from archsearch.arch.blocks.mamba2_counts import (  # the formulas, beside the m
 )
 from archsearch.arch.spec import ArchSpec, LayerSpec
 
-SCANS = {"chunked": ssd_chunked, "naive": ssd_naive}
+# "chunked": the Triton kernel on CUDA, the chunked PyTorch form elsewhere (archsearch_kernels.dispatch)
+SCANS = {"chunked": ssd, "naive": ssd_naive}
 
 
 class Mamba2(nn.Module):
@@ -72,7 +74,7 @@ class Mamba2(nn.Module):
             raise ValueError(f"mamba2: {s.heads} heads do not split evenly over n_groups={s.groups}")
         self.scan = SCANS[scan]
         if scan == "chunked":  # the chunk length changes speed, never the result
-            self.scan = functools.partial(ssd_chunked, chunk_size=layer.options.get("chunk_size", 64))
+            self.scan = functools.partial(ssd, chunk_size=layer.options.get("chunk_size", 64))
         self.in_proj = nn.Linear(s.d_model, s.in_proj, bias=False)
         self.conv = nn.Conv1d(s.conv_channels, s.conv_channels, s.conv, groups=s.conv_channels, bias=True)
         # A ~ U(1, 16) per head and softplus(dt_bias) log-uniform in [1e-3, 1e-1], as in mamba2.py
