@@ -13,7 +13,8 @@ import heapq
 from pathlib import Path
 
 import plotly.graph_objects as go
-from archsearch_dashboards.figures import TEMPLATE, group_labels, plan_figure, varying_axes
+from archsearch_dashboards.arms import group_labels, varying_axes
+from archsearch_dashboards.figures import TEMPLATE, plan_figure
 from archsearch_dashboards.report import completed_rows, curve_metrics, curve_trials, views
 
 import archsearch as A

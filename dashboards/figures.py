@@ -1,7 +1,7 @@
 """Plotly figures over result rows, shared by the HTML report and the live app.
 
 Rows are plain dicts as the store returns them (``trials().to_pylist()``),
-with ``axes`` and ``spec`` already decoded from JSON (see ``report.decoded``).
+with ``axes`` and ``spec`` already decoded from JSON (see ``arms.decoded``).
 
 Every string that comes from a study file (axis names and values, family and
 trial names) passes through ``text`` before it reaches a figure: plotly.js
@@ -13,21 +13,28 @@ back into the characters on screen.
 
 from __future__ import annotations
 
-import functools
 import heapq
-import html
-import itertools
-import json
 import math
-import zlib
 from collections import defaultdict
 
 import numpy as np
-import plotly.colors
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from archsearch.analysis import fit_law, pareto
+from archsearch_dashboards.arms import (
+    arm_bests,
+    arm_colours,
+    _arms,
+    decoded,
+    group_label,
+    group_labels,
+    PALETTE,
+    _rank,
+    sample_rows,
+    text,
+    varying_axes,
+)
 
 # Columns a figure reads besides the axes.
 TEMPLATE = "plotly_white"
@@ -36,134 +43,8 @@ TEMPLATE = "plotly_white"
 MAX_CURVE_POINTS = 200
 # Side-by-side bars: one per budget target up to this many targets, else each arm's best.
 MAX_TARGETS = 8
-# A scatter or parallel-coordinates view draws at most this many trials: past
-# it, the front, each arm's best and a fixed sample of the rest (see ``sample_rows``).
-MAX_POINTS = 2_000
 # An arm's L(N) is fitted (with its bootstrap band) on at most this many of its trials.
 MAX_FIT_POINTS = 200
-# How many lists of rows ``per_rows`` keeps answers for (a redraw's rows, the app's filtered and ranked ones).
-KEPT_ROW_LISTS = 4
-
-
-def per_rows(function):
-    """Keep ``function(rows, ...)``'s answers for the last few lists of rows it
-    was given, while a list and the other arguments stay the same.
-
-    The views of one redraw are drawn from one list of rows (100,000 at the
-    large end) and each works out the arms, their labels and a sample from
-    it; this works each out once per redraw. Answers are keyed by the list's
-    identity and length (the list is held, so its id is not reused), so rows
-    are not to be changed in place between views (no view does).
-    """
-    kept: list[tuple] = []
-
-    @functools.wraps(function)
-    def once(rows, *args, **kwargs):
-        for held, length, arguments, answer in kept:
-            if held is rows and length == len(rows) and arguments == (args, kwargs):
-                return answer
-        answer = function(rows, *args, **kwargs)
-        kept[:] = [(rows, len(rows), (args, kwargs), answer), *kept[:KEPT_ROW_LISTS - 1]]
-        return answer
-
-    return once
-
-
-def _palette() -> list[str]:
-    """Distinct colours for arms: the strong qualitative palettes first, deduplicated (104 colours)."""
-    out: list[str] = []
-    for name in ("Plotly", "D3", "Dark24", "Alphabet", "G10", "T10", "Light24"):
-        for colour in getattr(plotly.colors.qualitative, name):
-            if colour.lower() not in out:
-                out.append(colour.lower())
-    return out
-
-
-PALETTE = _palette()
-
-
-def text(value) -> str:
-    """A value from a study file, safe to show in a figure or a page."""
-    return html.escape(str(value), quote=True)
-
-
-@per_rows
-def varying_axes(rows: list[dict]) -> list[str]:
-    """Axis names whose value differs between the trials that have them, in first-seen order.
-
-    A swept learning rate is tuning, not an arm, so it never splits a line;
-    an axis that is absent or None for a trial (one that applies to another
-    family only) does not count as a value.
-    """
-    names: dict[str, set] = {}
-    # rows of one arm often share one decoded dict (``report.completed_rows``): read each once
-    for axes in {id(row["axes"]): row["axes"] for row in rows}.values():
-        for name, value in axes.items():
-            if name == "lr" or value is None:
-                continue
-            names.setdefault(name, set()).add(repr(value))
-    return [name for name, values in names.items() if len(values) > 1]
-
-
-def group_label(row: dict, axes: list[str]) -> str:
-    """The arm of a row: ``a=x, b=y`` over the varying axes that apply to it (raw, unescaped)."""
-    parts = [f"{a}={row['axes'][a]}" for a in axes if row["axes"].get(a) is not None]
-    return ", ".join(parts) or str(row.get("family", "all"))
-
-
-@per_rows
-def group_labels(rows: list[dict], axes: list[str]) -> list[str]:
-    """``group_label`` of each row, worked out once per distinct axes dict and family."""
-    seen: dict[tuple, str] = {}
-    out = []
-    for row in rows:
-        key = (id(row["axes"]), row.get("family"))
-        if key not in seen:
-            seen[key] = group_label(row, axes)
-        out.append(seen[key])
-    return out
-
-
-def arm_colours(rows: list[dict]) -> dict[str, str]:
-    """One colour per arm, in sorted arm order; distinct up to ``len(PALETTE)`` arms."""
-    axes = varying_axes(rows)
-    labels = sorted(set(group_labels(rows, axes)))
-    return {label: PALETTE[i % len(PALETTE)] for i, label in enumerate(labels)}
-
-
-@per_rows
-def sample_rows(rows: list[dict], limit: int = MAX_POINTS, keep: set[str] = frozenset()) -> list[dict]:
-    """Every row up to ``limit``; past it the rows whose trial is in ``keep``
-    (the front), each arm's best, then a sample of the rest up to ``limit``, in
-    their original order. The sample ranks trials by a hash of their id, so it
-    is the same on every redraw whatever order the rows come in."""
-    if len(rows) <= limit:
-        return rows
-    chosen = {r["trial_id"] for r in rows if r["trial_id"] in keep}
-    chosen |= {r["trial_id"] for r in arm_bests(rows).values()}
-    rest = (t for t in _rank_order(rows) if t not in chosen)
-    chosen.update(itertools.islice(rest, max(limit - len(chosen), 0)))
-    return [r for r in rows if r["trial_id"] in chosen]
-
-
-@per_rows
-def arm_bests(rows: list[dict], y: str = "val_loss") -> dict[str, dict]:
-    """Each arm's row of lowest ``y`` (the first of equals), by arm label, best first."""
-    best: dict[str, dict] = {}
-    for row, label in zip(rows, group_labels(rows, varying_axes(rows))):
-        if label not in best or row[y] < best[label][y]:
-            best[label] = row
-    return dict(sorted(best.items(), key=lambda item: item[1][y]))
-
-
-@per_rows
-def _rank_order(rows: list[dict]) -> list[str]:
-    """Every trial id, in the order of their hash rank (``_rank``)."""
-    return sorted((r["trial_id"] for r in rows), key=_rank)
-
-
-def _rank(trial_id) -> int:
-    return zlib.crc32(str(trial_id).encode())
 
 
 def _drawn(shown: int, total: int, *, front: bool = True) -> str:
@@ -171,19 +52,6 @@ def _drawn(shown: int, total: int, *, front: bool = True) -> str:
     if shown >= total:
         return ""
     return f" ({shown:,} of {total:,} trials drawn: {'the front, ' if front else ''}each arm's best, a fixed sample)"
-
-
-def decoded(value):
-    """A JSON column as the store holds it (text) or already decoded."""
-    return json.loads(value) if isinstance(value, str) else value
-
-
-def _arms(rows: list[dict]) -> tuple[list[str], dict[str, list[dict]]]:
-    axes = varying_axes(rows)
-    groups: dict[str, list[dict]] = defaultdict(list)
-    for row, label in zip(rows, group_labels(rows, axes)):
-        groups[label].append(row)
-    return axes, dict(sorted(groups.items()))
 
 
 def _hover(row: dict, label: str) -> str:

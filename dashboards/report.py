@@ -12,19 +12,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import plotly.graph_objects as go
+from archsearch_dashboards.arms import arm_bests, decoded, group_labels, varying_axes
 from archsearch_dashboards.figures import (
     MAX_CURVE_POINTS,
-    arm_bests,
     comparison_figure,
     curves_figure,
-    decoded,
-    group_labels,
     parallel_figure,
     pareto_figure,
     plan_figure,
     profile_figures,
     scaling_figure,
-    varying_axes,
 )
 
 from archsearch.analysis import completed_trials, pareto_front
@@ -46,7 +43,7 @@ UNREAD = ("recipe", "data", "created_at", "finished_at", "seed", "train_loss", "
 def completed_rows(store: Store, study: str | None) -> list[dict]:
     """Completed trials of ``study`` (or all), with ``axes`` decoded; of a
     learning-rate sweep only each arm's best run. ``spec`` stays JSON text
-    until a view needs it (``figures.decoded``): most rows never do."""
+    until a view needs it (``arms.decoded``): most rows never do."""
     table = completed_trials(store, study)
     rows = table.drop_columns([c for c in UNREAD if c in table.column_names]).to_pylist()
     axes: dict[str, dict] = {}  # arms repeat their axes: decode each text once

@@ -10,15 +10,8 @@ import json
 
 import pytest
 from archsearch_dashboards.app import VIEWS, refresh
-from archsearch_dashboards.figures import (
-    PALETTE,
-    arm_colours,
-    comparison_figure,
-    curves_figure,
-    group_label,
-    thin,
-    varying_axes,
-)
+from archsearch_dashboards.arms import PALETTE, arm_colours, group_label, varying_axes
+from archsearch_dashboards.figures import comparison_figure, curves_figure, thin
 from archsearch_dashboards.report import write_report
 from tests.dashboard_support import HOSTILE, SIZES, result, write_store
 from typer.testing import CliRunner
@@ -126,7 +119,7 @@ def test_long_curves_are_thinned_keeping_both_ends():
 def test_strings_from_study_files_are_escaped_in_the_report_and_the_app(tmp_path):
     """An axis value and a study name that are HTML reach neither page as
     markup: the report holds no raw tag (in its table or in any figure's
-    JSON), and no figure the app sends does. Fails if ``figures.text`` returns
+    JSON), and no figure the app sends does. Fails if ``arms.text`` returns
     its argument unescaped."""
     path = tmp_path / "h.duckdb"
     write_store(path, study=HOSTILE, shapes=(HOSTILE, "cosine", "reverse"))

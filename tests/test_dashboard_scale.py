@@ -7,15 +7,8 @@ from __future__ import annotations
 import json
 import random
 
-from archsearch_dashboards.figures import (
-    MAX_FIT_POINTS,
-    group_label,
-    pareto_figure,
-    parallel_figure,
-    sample_rows,
-    scaling_figure,
-    varying_axes,
-)
+from archsearch_dashboards.arms import group_label, sample_rows, varying_axes
+from archsearch_dashboards.figures import MAX_FIT_POINTS, pareto_figure, parallel_figure, scaling_figure
 from archsearch_dashboards.report import DEFAULT_OBJECTIVES, MAX_TABLE_PER_ARM, _table, table_rows
 from tests.test_report import on_front_by_hand, trials_table
 
@@ -112,17 +105,18 @@ def test_the_trials_table_lists_the_front_and_each_arms_best_and_counts_the_rest
 
 def test_one_redraw_works_each_arm_out_once(monkeypatch):
     """Every view of a redraw reads the arms of one list of rows: their labels
-    are worked out once for it (``figures.per_rows``), not once per view, and
+    are worked out once for it (``arms.per_rows``), not once per view, and
     each arm's fit once per app (kept while its points stay the same).
     Fails on the mutation that makes ``per_rows`` return ``function`` unwrapped."""
+    from archsearch_dashboards import arms as arm_rows
     from archsearch_dashboards import figures
     from archsearch_dashboards.report import views
 
     monkeypatch.setattr(figures, "_FIT_CACHE", {})
     rows = generated(3000, seed=4)
     labels, fits = [], []
-    label_of, fit_law = figures.group_label, figures.fit_law
-    monkeypatch.setattr(figures, "group_label", lambda row, axes: labels.append(1) or label_of(row, axes))
+    label_of, fit_law = arm_rows.group_label, figures.fit_law
+    monkeypatch.setattr(arm_rows, "group_label", lambda row, axes: labels.append(1) or label_of(row, axes))
     monkeypatch.setattr(figures, "fit_law", lambda *a, **k: fits.append(1) or fit_law(*a, **k))
     views(rows, [])
     arms = len({group_label(r, varying_axes(rows)) for r in rows})
