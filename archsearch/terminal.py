@@ -287,17 +287,25 @@ def compare_table(result) -> None:
     the interval, the test, its p-values (Holm's with several arms) and, paired, the seeds
     where the arm is below the baseline."""
     rows, level = result.differences, result.differences[0].level
-    holm = ["p Holm"] if len(rows) > 1 else []
+    holm = ["p\nHolm"] if len(rows) > 1 else []
     group = ["group"] if result.within else []
-    columns = [*group, "arm", "n", "difference", f"{level:.0%} interval", "test", "p", "p perm.", *holm, "below"]
+    columns = [*group, "arm", "n", "mean\ndiff.", f"{level:.0%}\ninterval", "test", "p", "p\nperm.", *holm, "below"]
     table = _table(f"{result.metric}: each arm minus {result.baseline}, over seeds", columns,
                    text=("group", "arm", "test"))
     for d in rows:
-        interval = "-" if d.low is None else f"[{d.low:+.4g}, {d.high:+.4g}]"
-        cells = [*([plain(d.group)] if group else []), plain(d.arm), f"{d.n}/{d.n_baseline}", f"{d.difference:+.4g}", interval, d.test, _p(d.p_value),
+        # the interval's ends on two lines and an arm's axes one a line: at 80 columns the
+        # cells then fold between values, never inside a number
+        interval = "-" if d.low is None else f"{d.low:+.3g}\n{d.high:+.3g}"
+        arm = "\n".join(map(plain, re.split(r" (?=[^ =]+=)", d.arm)))
+        cells = [*([plain(d.group)] if group else []), arm, f"{d.n}/{d.n_baseline}", f"{d.difference:+.3g}",
+                 interval, d.test, _p(d.p_value),
                  _p(d.p_permutation), *([_p(d.p_holm)] if holm else []),
                  "-" if d.below is None else f"{d.below}/{d.pairs}"]
         table.add_row(*cells)
+    # an arm's longest axis on one line: the columns of numbers give way first
+    parts = [part for d in rows for part in re.split(r" (?=[^ =]+=)", d.arm)]
+    table.columns[len(group)].min_width = min(24, max(map(len, parts)))
+    table.collapse_padding = True
     out = console()
     bases = {(d.group, d.baseline): d.mean_baseline for d in rows}
     means = ", ".join(f"{plain(g + ' ' if g else '')}{plain(b)} {_fmt(m)}" for (g, b), m in bases.items())
