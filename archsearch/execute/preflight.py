@@ -15,29 +15,12 @@ import os
 import sys
 from collections.abc import Iterable
 
+from archsearch.arch.kernel_ops import kernels_used
 from archsearch.arch.spec import ArchSpec
 from archsearch.errors import SpecError
 
 # The settings archsearch_kernels.dispatch reads, named here without importing it (and torch).
 MODE_VAR, DISABLE_VAR = "ARCHSEARCH_KERNELS", "ARCHSEARCH_KERNELS_DISABLE"
-
-
-def kernels_used(specs: Iterable[ArchSpec]) -> list[str]:
-    """The dispatched ops these models run: RMSNorm and the fused loss always, SwiGLU, the
-    selective scan, the gated delta rule (both its kernels: which one runs depends on the
-    sequence length) and the SSD scan where a layer has them."""
-    ops = {"rms_norm", "linear_cross_entropy"}
-    for spec in specs:
-        for layer in spec.layers:
-            if layer.mlp == "swiglu":
-                ops.add("swiglu")
-            if layer.mixer == "mamba":
-                ops.add("selective_scan")
-            if layer.mixer == "gated_deltanet":
-                ops.update(("gated_delta_rule", "gated_delta_rule_chunked"))
-            if layer.mixer == "mamba2":
-                ops.add("ssd")
-    return sorted(ops)
 
 
 def preflight_kernels(study_name: str, db, specs: Iterable[ArchSpec] | None, *, device: str | None = None,

@@ -245,7 +245,7 @@ def _vs_hf(configs: list[_Config], times: list[list[float]], i: int) -> float | 
 
 def _cpu_kernel_ops(trials: list, indices: list[int]) -> list[str]:
     """The ops of these trials that have a C++ kernel for CPU tensors."""
-    from archsearch.execute.preflight import kernels_used
+    from archsearch.arch.kernel_ops import kernels_used
     from archsearch_kernels import dispatch
 
     return [op for op in kernels_used(trials[i].spec for i in indices) if op in dispatch.CPU_KERNELS]

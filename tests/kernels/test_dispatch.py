@@ -141,7 +141,8 @@ def test_preflight_checks_nothing_that_would_not_run_triton(monkeypatch):
 def test_study_preflight_records_the_failure_in_the_store(tmp_path, monkeypatch, triton_kernels):
     """The driver's preflight checks only the ops the planned models use, warns, and the store
     keeps {op: why} for the study; a study whose kernels all pass records {}."""
-    from archsearch.execute.preflight import kernels_used, preflight_kernels
+    from archsearch.arch.kernel_ops import kernels_used
+    from archsearch.execute.preflight import preflight_kernels
     from archsearch.store import open_store
 
     monkeypatch.setenv(dispatch.MODE_VAR, "triton")

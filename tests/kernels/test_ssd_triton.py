@@ -114,7 +114,7 @@ def test_mamba2_model_is_the_same_with_the_kernel_on(monkeypatch, triton_kernels
     from archsearch.arch.blocks.mamba2 import Mamba2
     from archsearch.arch.model import build_model
     from archsearch.arch.spec import ArchSpec, LayerSpec
-    from archsearch.execute.preflight import kernels_used
+    from archsearch.arch.kernel_ops import kernels_used
 
     monkeypatch.setenv(dispatch.DISABLE_VAR, "")
     layer = LayerSpec(mixer="mamba2", mlp="none", options={"head_dim": 8, "d_state": 4, "n_groups": 2})
