@@ -69,7 +69,8 @@ class TrialProgress:
         of the trial training the same model."""
         loss = f"val_loss {val_loss:.4f}" if status == "completed" else f"{status} (val_loss {val_loss})"
         if shared_with is not None:
-            self._line(f"trial {trial_id} {label}: {loss}, shared from trial {shared_with} (same model, not trained again)")
+            self._line(f"trial {trial_id} {label}: {loss}, shared from trial {shared_with} "
+                       "(same model, not trained again)")
             return
         self._line(f"trial {trial_id} {label}: {loss} in {wall_s:.1f}s")
 
