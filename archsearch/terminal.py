@@ -107,7 +107,7 @@ def plan_table(trials: list, *, layers: bool = False, wide: bool = False) -> Non
     from archsearch.planner import twin_lines
 
     for line in twin_lines(trials):
-        out.print(plain(line), soft_wrap=True)
+        out.print(plain(line))
     trained = [t for t in trials if t.same_as is None]
     if trials:
         over = f"the {len(trials)} trials" if len(trained) == len(trials) else \
@@ -252,7 +252,7 @@ def status_tables(db, *, study: str | None, as_json: bool, wide: bool = False) -
     if narrowed:
         out.print("gap (the generalisation gap, val_loss - train_loss): with --wide or a wider terminal")
     for line in _twin_status(trials):
-        out.print(plain(line), soft_wrap=True)
+        out.print(plain(line))
     if not wide:
         for t in trials:
             if t["error"] and t["status"] != "pruned":
@@ -271,8 +271,9 @@ def _twin_status(trials: list[dict]) -> list[str]:
             shares.setdefault(t["same_as"], []).append(t["trial_id"])
     if not shares:
         return []
-    lines = [f"{sum(map(len, shares.values()))} trials share another's training (same spec, data, recipe "
-             "and seed), not trained separately:"]
+    count = sum(map(len, shares.values()))
+    lines = [f"{count} trial{' shares' if count == 1 else 's share'} another's training (same spec, data, "
+             "recipe and seed), not trained separately:"]
     return lines + [f"  trial {source} gives its result to {', '.join(ids)}" for source, ids in shares.items()]
 
 

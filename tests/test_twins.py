@@ -151,6 +151,19 @@ def test_twins_asked_together_train_once_and_both_rows_get_the_result(tmp_path):
     assert (got[owner.trial_id]["same_as"], got[twin.trial_id]["same_as"]) == (None, owner.trial_id)
     assert curve(db, twin.trial_id) == curve(db, owner.trial_id) == [(2, 2.6), (4, 2.5)]
     assert d.counts == {"completed": 1, "failed": 0, "diverged": 0, "shared": 1}
+    shown = status_text(tmp_path / "s.duckdb")
+    assert "1 trial shares another's training" in shown
+    assert f"trial {owner.trial_id} gives its result to {twin.trial_id}" in shown
+
+
+def status_text(store: Path) -> str:
+    from typer.testing import CliRunner
+
+    from archsearch.cli import app
+
+    result = CliRunner().invoke(app, ["status", "--store", str(store)])
+    assert result.exit_code == 0, result.output
+    return result.output
 
 
 def test_a_twin_whose_twin_finished_before_a_crash_is_filled_without_training(tmp_path):
@@ -171,6 +184,21 @@ def test_a_twin_whose_twin_finished_before_a_crash_is_filled_without_training(tm
     got = rows(db)[twin.trial_id]
     assert (got["status"], got["val_loss"], got["same_as"]) == ("completed", 2.5, owner.trial_id)
     assert curve(db, twin.trial_id) == curve(db, owner.trial_id)
+
+
+def test_a_shared_row_names_the_trial_that_trained_never_another_twin(tmp_path):
+    """Sharing from a twin that itself shares gives the trial that trained; training a row
+    itself clears its ``same_as``."""
+    trials = A.plan(looped_study(tmp_path, seeds="[0]"))
+    db = A.open_store(tmp_path / "s.duckdb")
+    db.add_trials("twins", [t.to_dict() for t in trials])
+    first, second, third = (t.trial_id for t in trials[:3])
+    db.finish(first, RESULT)
+    db.share(second, first)
+    db.share(third, second)
+    assert rows(db)[third]["same_as"] == first and curve(db, third) == curve(db, first)
+    db.finish(third, dict(RESULT, val_loss=2.4))
+    assert rows(db)[third]["same_as"] is None
 
 
 def test_a_failed_training_fails_its_waiting_twin_with_the_same_error(tmp_path):

@@ -153,7 +153,7 @@ class _Drain:
         # twins (see the module's docstring), by train key: the trial that trained (or trains) it
         # and its result, the waiting twins, the twins handed out this pass, their ends to write
         self.trained: dict[str, tuple[str, dict]] = {
-            training_key(row["spec"], row["recipe"], row["data"], row["seed"]): (row["trial_id"], _result(row))
+            training_key(row["spec"], row["recipe"], row["data"], row["seed"]): (row["trained"], _result(row))
             for row in db.completed_plans()}
         self.leading: dict[str, Job] = {}
         self.riders: dict[str, list[Job]] = {}

@@ -348,9 +348,11 @@ class Store(SideTables):
         return {row["trial_id"]: row for row in table.to_pylist()}
 
     def completed_plans(self) -> list[dict]:
-        """Every completed trial's id and result columns with the plan that made it (spec, recipe,
-        data as dicts, seed): what a driver needs to find a twin's result already in the store."""
-        rows = self.sql("SELECT trial_id, spec, recipe, data, seed, train_loss, val_loss, val_accuracy, steps, "
+        """Every completed trial's id, the id of the trial that trained it (``trained``: itself, or
+        the one it shares), its result columns and the plan that made it (spec, recipe, data as
+        dicts, seed): what a driver needs to find a twin's result already in the store."""
+        rows = self.sql("SELECT trial_id, coalesce(same_as, trial_id) AS trained, spec, recipe, data, seed, "
+                        "train_loss, val_loss, val_accuracy, steps, "
                         "tokens, wall_time_s, tokens_per_s FROM trials WHERE status = 'completed' "
                         "ORDER BY finished_at, trial_id").to_pylist()
         return [{**row, **{name: json.loads(row[name]) for name in ("spec", "recipe", "data")}} for row in rows]
