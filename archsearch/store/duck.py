@@ -2,10 +2,9 @@
 
 One row per trial, keyed by the trial id (a hash of spec, recipe, data and
 seed), so a trial finished by any study is never trained again. A row whose
-``same_as`` names another trial was not trained itself: it trains the same
-model as that one (another arm planned it too) and holds that one's result. A study links
-to its trials through ``study_trials``. Reads come back as Arrow tables.
-Torch-free.
+``same_as`` names another trial was not trained itself: another arm planned
+the same model, and the row holds that trial's result. A study links to its
+trials through ``study_trials``. Reads come back as Arrow tables. Torch-free.
 """
 
 from __future__ import annotations
@@ -32,7 +31,7 @@ from archsearch.store.runlock import run_alive
 SCHEMA_VERSION = 3
 # version -> the SQL that makes a store of that version the next one
 MIGRATIONS = {
-    "2": "ALTER TABLE trials ADD COLUMN same_as VARCHAR",  # 3: twins share one training
+    "2": "ALTER TABLE trials ADD COLUMN IF NOT EXISTS same_as VARCHAR",  # 3: twins share one training
 }
 
 # layer_profiles: analyses of trained models (archsearch inspect), one row per layer or
@@ -167,10 +166,12 @@ class Store(SideTables):
             rows = []
         version = rows[0][0] if rows else None
         if not self.read_only:
-            while version in MIGRATIONS:
+            while version in MIGRATIONS:  # each step whole or not at all
+                con.execute("BEGIN TRANSACTION")
                 con.execute(MIGRATIONS[version])
                 version = str(int(version) + 1)
                 con.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", [version])
+                con.execute("COMMIT")
         if version != str(SCHEMA_VERSION) and not (self.read_only and version in MIGRATIONS):
             raise StoreError(f"{self.path} was written by another version of archsearch (schema "
                              f"{version or 'unknown'}, this one reads {SCHEMA_VERSION}); "
