@@ -5,6 +5,13 @@ the looped and HRM protocols). Its id hashes the resolved spec, recipe, data
 and seed (and a baseline's partner), so the same work always has the same id
 and a store never trains it twice. Every trial is matched on one measure and
 reports all of them.
+
+Two trials of different arms can still train the very same model: the
+iso_param baseline of a looped point (its group applied once) is the same
+stack for loops=1, 2 and 4, only its partner differs. Such twins keep their
+own ids and rows (each arm is complete in the store), but share one
+training: ``train_key`` leaves the partner out, and every trial after the
+first with a key names that first one in ``same_as``.
 """
 
 from __future__ import annotations
@@ -54,6 +61,13 @@ class PlannedTrial:
     recipe: dict
     data: dict
     tokens: int = 0  # training tokens the recipe gives it (steps x batch_size x seq_len)
+    same_as: str | None = None  # an earlier planned trial that trains the identical model: its result is shared
+
+    @property
+    def train_key(self) -> str:
+        """Hash of what determines the trained weights and metrics (spec, recipe, data, seed), without
+        the partner a baseline's id adds: trials with equal keys train once and share the result."""
+        return training_key(self.spec.to_dict(), self.recipe, self.data, self.seed)
 
     @property
     def train_flops(self) -> float:
@@ -63,7 +77,7 @@ class PlannedTrial:
     def to_dict(self) -> dict:
         out = {k: getattr(self, k) for k in ("trial_id", "study", "axes", "seed", "match", "target", "achieved",
                                             "match_error", "params", "total_params", "flops_per_token", "state",
-                                            "sweep_group", "tokens", "train_flops")}
+                                            "sweep_group", "tokens", "train_flops", "same_as")}
         out.update(family=self.spec.family, structure=self.spec.structure, d_model=self.spec.d_model,
                    num_layers=self.spec.num_layers, mlp_widths=list(self.spec.mlp_widths),
                    spec=self.spec.to_dict(), recipe=self.recipe, data=self.data)
@@ -133,7 +147,50 @@ def plan_points(study: Study, points: list[dict[str, Any]]) -> list[PlannedTrial
                 partner = arms[0].spec if arm.name == "baseline" else None
                 for seed in study.seeds:
                     add(axes, seed, arm, partner, index)
-    return trials
+    return _mark_twins(trials)
+
+
+def _mark_twins(trials: list[PlannedTrial]) -> list[PlannedTrial]:
+    """Each trial that trains the same model as an earlier one gets ``same_as`` = that one's id."""
+    first: dict[str, str] = {}
+    out = []
+    for trial in trials:
+        owner = first.setdefault(trial.train_key, trial.trial_id)
+        out.append(trial if owner == trial.trial_id else replace(trial, same_as=owner))
+    return out
+
+
+def twin_lines(trials: list[PlannedTrial]) -> list[str]:
+    """What ``plan`` and ``run`` say about twins: a count, then one line per arm that trains
+    for others, naming the arms that share its training by the axes where they differ from it
+    (axes every trial shares left out, seeds folded together). Empty when no two trials train
+    the same model."""
+    twins = [t for t in trials if t.same_as is not None]
+    if not twins:
+        return []
+    by_id = {t.trial_id: t for t in trials}
+    values: dict[str, set[str]] = {}
+    for trial in trials:
+        for name, value in trial.axes.items():
+            values.setdefault(name, set()).add(repr(value))
+    varying = {name for name, seen in values.items() if len(seen) > 1}
+    shared: dict[str, dict[str, set[int]]] = {}  # the owner's arm -> the arms sharing its training -> seeds
+    for twin in twins:
+        owner = by_id[twin.same_as].axes
+        differ = {k: v for k, v in twin.axes.items() if k in owner and owner[k] != v}
+        arm = _arm_label({k: v for k, v in owner.items() if k in varying})
+        shared.setdefault(arm, {}).setdefault(_arm_label(differ), set()).add(twin.seed)
+    lines = [f"{len(twins)} of {len(trials)} planned trials are duplicates: each trains the same model "
+             "(spec, data, recipe, seed) as another arm's trial, so it shares that training and gets its row from it"]
+    for owner, arms in shared.items():
+        seeds = sorted(set().union(*arms.values()))
+        lines.append(f"  {owner} trains once for: {'; '.join(arms)} ({sum(map(len, arms.values()))} trials, "
+                     f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))})")
+    return lines
+
+
+def _arm_label(axes: dict) -> str:
+    return " ".join(f"{k}={v}" for k, v in axes.items()) or "the same axes"
 
 
 @dataclass(frozen=True)
@@ -231,7 +288,16 @@ def _measure(match: str, *, seq_len: int, embeddings: bool):
 def trial_id(spec: ArchSpec, recipe: dict, data: dict, seed: int, pair: str | None = None) -> str:
     """Hash of everything that determines a trial's result (and, for a protocol's baseline, the
     id of the trial it is the baseline of)."""
-    described = {"spec": spec.to_dict(), "recipe": recipe, "data": data, "seed": seed}
+    return _digest(spec.to_dict(), recipe, data, seed, pair)
+
+
+def training_key(spec: dict, recipe: dict, data: dict, seed: int) -> str:
+    """The ``train_key`` of a trial given as the dicts a store keeps: its id without a partner."""
+    return _digest(spec, recipe, data, seed, None)
+
+
+def _digest(spec: dict, recipe: dict, data: dict, seed: int, pair: str | None) -> str:
+    described = {"spec": spec, "recipe": recipe, "data": data, "seed": seed}
     if pair is not None:
         described["pair"] = pair
     blob = json.dumps(described, sort_keys=True)
@@ -293,4 +359,4 @@ def _point_error(study: Study, point: dict, err: ValueError) -> SpecError:
     return origin.error(message, loc=("axes",), hint=hint)
 
 
-__all__ = ["PlannedTrial", "plan", "plan_points", "trial_id", "__version__"]
+__all__ = ["PlannedTrial", "plan", "plan_points", "training_key", "trial_id", "twin_lines", "__version__"]

@@ -104,9 +104,16 @@ def plan_table(trials: list, *, layers: bool = False, wide: bool = False) -> Non
         table.add_row(t.trial_id, *cells_of_axes, *(_fmt(cells[m]) for m in measures))
     out = console()
     _print(out, table, wide=wide, note=None if wide else _shared_line(shared))
+    from archsearch.planner import twin_lines
+
+    for line in twin_lines(trials):
+        out.print(plain(line))
+    trained = [t for t in trials if t.same_as is None]
     if trials:
-        out.print(f"total training FLOPs: {sum(t.train_flops for t in trials):.3g} "
-                  f"(FLOPs/token x tokens, summed over the {len(trials)} trials)")
+        over = f"the {len(trials)} trials" if len(trained) == len(trials) else \
+            f"the {len(trained)} trainings of the {len(trials)} trials"
+        out.print(f"total training FLOPs: {sum(t.train_flops for t in trained):.3g} "
+                  f"(FLOPs/token x tokens, summed over {over})")
     memories = [t.to_dict() for t in trials if t.spec.structure == "memory"]
     if memories:
         out.print("memory overhead (its params over the rest, embeddings included): "
@@ -192,7 +199,9 @@ def run_summary(summary, *, store: Path, report: Path) -> None:
     out = console()
     out.print(Text.assemble((plain(summary.study), "bold"),
                             f": {summary.planned:,} trials planned, {summary.skipped:,} already done, "
-                            f"{summary.completed:,} trained, {summary.failed:,} failed in {summary.wall_time_s:,.0f}s"))
+                            f"{summary.completed:,} trained, "
+                            + (f"{summary.shared:,} shared a twin's training, " if summary.shared else "")
+                            + f"{summary.failed:,} failed in {summary.wall_time_s:,.0f}s"))
     with A.open_store(store, read_only=True) as db:
         rows = completed_rows(db, summary.study)
         if not rows:
@@ -211,8 +220,8 @@ def run_summary(summary, *, store: Path, report: Path) -> None:
 def status_tables(db, *, study: str | None, as_json: bool, wide: bool = False) -> None:
     """The studies in a store and their trials: the axes that differ, params,
     status, val_loss, the generalisation gap (val_loss - train_loss), tokens/s,
-    and each failed trial's error below the table; ``wide`` adds every axis, d_model, steps, tokens, wall time,
-    attempts and the error column."""
+    and each failed trial's error below the table, then the trials that share another's training;
+    ``wide`` adds every axis, d_model, steps, tokens, wall time, attempts, ``same as`` and the error column."""
     studies = db.studies().to_pylist()
     trials = db.trials(study).to_pylist()
     ladders = db.ladders(study).to_pylist()
@@ -233,7 +242,7 @@ def status_tables(db, *, study: str | None, as_json: bool, wide: bool = False) -
     axes, axis_cells = _axis_cells(rows, _all_names(rows) if wide else varying, wide=wide)
     measures = ["params", "status", "val_loss", "gap", "tokens/s"]
     if wide:
-        measures += ["d_model", "steps", "tokens", "wall s", "attempts", "error"]
+        measures += ["d_model", "steps", "tokens", "wall s", "attempts", "same as", "error"]
     table = _trials_table(f"trials{f' of {study}' if study else ''}", trials, axes, axis_cells, measures)
     natural = out.measure(table, options=out.options.update(max_width=100_000)).maximum
     narrowed = not wide and natural > out.width  # the gap is the column that gives way
@@ -242,6 +251,8 @@ def status_tables(db, *, study: str | None, as_json: bool, wide: bool = False) -
     _print(out, table, wide=wide, note=None if wide else _shared_line(shared))
     if narrowed:
         out.print("gap (the generalisation gap, val_loss - train_loss): with --wide or a wider terminal")
+    for line in _twin_status(trials):
+        out.print(plain(line))
     if not wide:
         for t in trials:
             if t["error"] and t["status"] != "pruned":
@@ -252,13 +263,28 @@ def status_tables(db, *, study: str | None, as_json: bool, wide: bool = False) -
         out.print(plain(_check_line(check)))
 
 
+def _twin_status(trials: list[dict]) -> list[str]:
+    """Rows not trained separately, by the trial whose training gives (or will give) their result."""
+    shares: dict[str, list[str]] = {}
+    for t in trials:
+        if t.get("same_as"):  # a store from before schema 3 has no such column
+            shares.setdefault(t["same_as"], []).append(t["trial_id"])
+    if not shares:
+        return []
+    count = sum(map(len, shares.values()))
+    lines = [f"{count} trial{' shares' if count == 1 else 's share'} another's training (same spec, data, "
+             "recipe and seed), not trained separately:"]
+    return lines + [f"  trial {source} gives its result to {', '.join(ids)}" for source, ids in shares.items()]
+
+
 def _trials_table(title: str, trials: list[dict], axes: list[str], axis_cells: list[list[str]],
                   measures: list[str]) -> Table:
     table = _table(title, ["trial", *axes, *measures], text=("trial", "axes", "status", "error"))
     for t, cells_of_axes in zip(trials, axis_cells):
         cells = {"params": t["params"], "status": t["status"], "val_loss": t["val_loss"], "gap": t["gen_gap"],
                  "tokens/s": t["tokens_per_s"], "d_model": t["d_model"], "steps": t["steps"], "tokens": t["tokens"],
-                 "wall s": t["wall_time_s"], "attempts": t["attempts"], "error": t["error"]}
+                 "wall s": t["wall_time_s"], "attempts": t["attempts"], "same as": t.get("same_as"),
+                 "error": t["error"]}
         table.add_row(t["trial_id"], *cells_of_axes, *(_fmt(cells[m]) for m in measures))
     return table
 

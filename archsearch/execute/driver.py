@@ -10,6 +10,12 @@ evaluation back as they train; the driver writes those points as they come
 so a reader sees curves grow, and a finished trial's row and curve in one
 transaction. A trial whose worker dies is retried from its last checkpoint,
 up to ``execution.retries`` times, each attempt counted in the store.
+
+Twins, trials of different arms that train the same model (same spec, data,
+recipe and seed: ``PlannedTrial.train_key``), train once: the first one
+handed out trains, the others wait for it and then get its result and curve
+(``Store.share``, their ``same_as`` naming it), as does a twin of a trial
+the store finished before.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from archsearch.execute.cluster import per_trial, start_ray, trials_at_once
 from archsearch.execute.preflight import kernel_settings, preflight_checks, preflight_kernels
 from archsearch.execute.progress import TrialProgress
 from archsearch.execute.task import _trial_task
-from archsearch.planner import PlannedTrial, plan
+from archsearch.planner import PlannedTrial, plan, training_key, twin_lines
 from archsearch.search import Job, Searcher
 from archsearch.space.schema import Study
 from archsearch.store import RunLock, Store, checkpoint_dir, divergence, open_store
@@ -45,6 +51,7 @@ class RunSummary:
     failed: int  # failed or diverged
     wall_time_s: float
     diverged: int = 0
+    shared: int = 0  # completed with a twin's result (same spec, data, recipe, seed), not trained again
 
 
 def run_study(study: Study, *, store: str | Path = "archsearch.duckdb", address: str | None = None,
@@ -76,11 +83,13 @@ def run_study(study: Study, *, store: str | Path = "archsearch.duckdb", address:
             trials = plan(study)
             db.add_trials(study.name, [t.to_dict() for t in trials])
             planned, skipped = len(trials), len(trials) - searcher.expected
-        counts = {"completed": 0, "failed": 0, "diverged": 0}
+        counts = {"completed": 0, "failed": 0, "diverged": 0, "shared": 0}
         if not searcher.exhausted:
             preflight_checks(study, db, trials if grid else None)  # raises, before anything trains, on a leak
             preflight_kernels(study.name, db, [t.spec for t in trials] if grid else None)
             with TrialProgress(total=searcher.expected, enabled=show_progress, heartbeat_s=heartbeat_s) as progress:
+                for line in twin_lines(trials) if grid else ():
+                    progress.note(line)
                 counts = _run_on_ray(searcher, db, study, store=store, address=address,
                                      max_parallel=max_parallel, progress=progress)
         _store_search_records(searcher, db, study.name)
@@ -89,7 +98,7 @@ def run_study(study: Study, *, store: str | Path = "archsearch.duckdb", address:
             skipped = planned - sum(counts.values())
     return RunSummary(study=study.name, planned=planned, skipped=skipped, completed=counts["completed"],
                       failed=counts["failed"] + counts["diverged"], diverged=counts["diverged"],
-                      wall_time_s=time.perf_counter() - start)
+                      shared=counts["shared"], wall_time_s=time.perf_counter() - start)
 
 
 def _run_on_ray(searcher: Searcher, db: Store, study: Study, *, store: str | Path, address: str | None,
@@ -136,38 +145,89 @@ class _Drain:
         self.searcher, self.db, self.task, self.study, self.workers = searcher, db, task, study, workers
         self.kernels = kernels  # the driver's kernel settings, for every trial's task
         self.store, self.storage, self.threads, self.retries, self.progress = store, storage, threads, retries, progress
-        self.counts = {"completed": 0, "failed": 0, "diverged": 0}
+        self.counts = {"completed": 0, "failed": 0, "diverged": 0, "shared": 0}
         self.running: dict[Any, tuple[Job, int, float]] = {}  # generator -> job, attempt, started
         self.again: deque[tuple[Job, int]] = deque()  # retries of jobs whose worker died
         self.points: list[tuple[str, dict]] = []  # evaluations not yet written
         self.points_since = time.monotonic()
+        # twins (see the module's docstring), by train key: the trial that trained (or trains) it
+        # and its result, the waiting twins, the twins handed out this pass, their ends to write
+        self.trained: dict[str, tuple[str, dict]] = {
+            training_key(row["spec"], row["recipe"], row["data"], row["seed"]): (row["trained"], _result(row))
+            for row in db.completed_plans()}
+        self.leading: dict[str, Job] = {}
+        self.riders: dict[str, list[Job]] = {}
+        self.joining: list[Job] = []
+        self.shared_ready: list[tuple] = []
 
     def run(self, width: int) -> dict[str, int]:
         while True:
-            ended = [event for generator in self._ready() for event in self._take(generator)]
-            for job, kind, value, _ in ended:  # told first, so a search can promote at once
+            ended = self._with_twins([event for generator in self._ready() for event in self._take(generator)])
+            for job, kind, value, _, _ in ended:  # told first, so a search can promote at once
                 self.searcher.tell(job, value if kind == "result" and not divergence(value) else None)
             starting = []
             while self.again and len(self.running) + len(starting) < width:
                 starting.append(self.again.popleft())
             room = width - len(self.running) - len(starting)
             if room > 0:
-                starting += [(job, 1) for job in self.searcher.ask(room)]
+                starting += [(job, 1) for job in self._ask(room)]
             due = self.points and time.monotonic() - self.points_since >= POINTS_EVERY_S
-            if ended or starting or due:
+            if ended or starting or due or self.joining:
                 self._write(ended, starting)
             # Started only once the store says so: a kill in between leaves
             # them `running` with no driver, which reads as interrupted.
             for job, attempt in starting:
                 self._submit(job, attempt=attempt)
-            self.progress.update(completed=self.counts["completed"], running=len(self.running),
-                                 failed=self.counts["failed"] + self.counts["diverged"])
-            if not self.running and not self.again:
+            self.progress.update(completed=self.counts["completed"] + self.counts["shared"],
+                                 running=len(self.running), failed=self.counts["failed"] + self.counts["diverged"])
+            if not self.running and not self.again and not self.shared_ready:
                 break
         with self.db.transaction() as con:
             for trial, rung in getattr(self.searcher, "pruned", ()):
                 self.db.prune(trial.trial_id, rung=rung, rungs=self.searcher.rungs, con=con)
         return self.counts
+
+    def _ask(self, room: int) -> list[Job]:
+        """Up to ``room`` jobs to train; the twins handed out with them train nothing: each waits
+        for the trial training its model, or takes the result the store or this run has of it."""
+        out: list[Job] = []
+        while room > 0:
+            jobs, absorbed = self.searcher.ask(room), 0
+            for job in jobs:
+                key = _train_key(job)
+                if key in self.trained:
+                    source, result = self.trained[key]
+                    self.shared_ready.append((job, "result", result, 0.0, source))
+                elif key in self.leading:
+                    self.riders.setdefault(key, []).append(job)
+                else:
+                    if key is not None:
+                        self.leading[key] = job
+                    out.append(job)
+                    room -= 1
+                    continue
+                self.joining.append(job)
+                absorbed += 1
+            if not jobs or not absorbed:  # asked again only for the slots its twins left free
+                break
+        return out
+
+    def _with_twins(self, ended: list[tuple]) -> list[tuple]:
+        """``ended``, each trained trial followed by the twins that waited for it, after the twins
+        that found their result already trained: ``(job, kind, value, wall_s, source)``, where
+        ``source`` is the trial whose training a twin shares (None for a trial that trained)."""
+        out, self.shared_ready = self.shared_ready, []
+        for entry in ended:
+            out.append(entry)
+            job, kind, value = entry[:3]
+            key = _train_key(job)
+            if key is None or self.leading.get(key) is not job:
+                continue
+            del self.leading[key]
+            if kind == "result" and not divergence(value):
+                self.trained[key] = (job.trial.trial_id, value)
+            out += [(rider, kind, value, 0.0, job.trial.trial_id) for rider in self.riders.pop(key, [])]
+        return out
 
     def _ready(self) -> list[Any]:
         import ray
@@ -183,9 +243,14 @@ class _Drain:
     def _write(self, ended: list[tuple], starting: list[tuple[Job, int]]) -> None:
         """Points, ended trials, the search's records, the trials about to start: one transaction."""
         with self.db.transaction() as con:
+            # first, so the twins handed out last pass have their rows before they share a result
+            self.db.add_trials(self.study, [job.trial.to_dict() for job in self.joining], con=con)
             self.db.add_points(self.points, con=con)
-            for job, kind, value, wall_s in ended:
+            for job, kind, value, wall_s, source in ended:
                 trial_id = job.trial.trial_id
+                if source is not None:
+                    self._share(job, source, value, con=con)
+                    continue
                 if kind != "result":
                     self.db.fail(trial_id, value, status=kind, con=con)
                     self.counts[kind] += 1
@@ -206,7 +271,18 @@ class _Drain:
                                con=con)
             for job, attempt in starting:  # a promotion is no new attempt; a retry is
                 self.db.mark_running(job.trial.trial_id, new_attempt=attempt > 1 or not job.rung, con=con)
-        self.points, self.points_since = [], time.monotonic()
+        self.points, self.points_since, self.joining = [], time.monotonic(), []
+
+    def _share(self, job: Job, source: str, value: Any, *, con: Any) -> None:
+        """A twin takes the result (``value``, as it was told) of the trial that trained its model."""
+        trial_id = job.trial.trial_id
+        status = self.db.share(trial_id, source, con=con)
+        self.counts["shared" if status == "completed" else status] += 1
+        if status == "completed":
+            self.progress.finished(trial_id=trial_id, label=_label(job.trial), status=status,
+                                   val_loss=value["val_loss"], wall_s=0.0, shared_with=source)
+        else:
+            self.progress.note(f"trial {trial_id} {status}, as trial {source} that trains the same model did")
 
     def _submit(self, job: Job, *, attempt: int) -> None:
         trial = job.trial
@@ -250,7 +326,7 @@ class _Drain:
                     continue
                 return []
             del self.running[generator]
-            return [(job, kind, value, time.perf_counter() - started)]
+            return [(job, kind, value, time.perf_counter() - started, None)]
 
 
 def _store_search_records(searcher: Searcher, db: Store, study: str, *, con: Any = None) -> None:
@@ -263,6 +339,17 @@ def _store_search_records(searcher: Searcher, db: Store, study: str, *, con: Any
     ladder = getattr(searcher, "ladder", None)
     if ladder is not None:
         db.record_ladder(study, ladder, con=con)
+
+
+def _train_key(job: Job) -> str | None:
+    """The job's train key where it trains a trial to its end (a twin can share it), else None."""
+    return job.trial.train_key if job.stop_at is None and job.rung is None else None
+
+
+def _result(row: dict) -> dict:
+    """A completed trial's result columns as a training reports them (its curve is in the store)."""
+    names = ("train_loss", "val_loss", "val_accuracy", "steps", "tokens", "wall_time_s", "tokens_per_s")
+    return {**{name: row[name] for name in names}, "curve": []}
 
 
 def _label(trial: PlannedTrial) -> str:

@@ -63,9 +63,15 @@ class TrialProgress:
             self._line(f"{self.done}/{self.total} trials done, {running} running, {failed} failed, "
                        f"{now - self.started:.0f}s elapsed")
 
-    def finished(self, *, trial_id: str, label: str, status: str, val_loss: float, wall_s: float) -> None:
-        """One line for a trial that trained to the end."""
+    def finished(self, *, trial_id: str, label: str, status: str, val_loss: float, wall_s: float,
+                 shared_with: str | None = None) -> None:
+        """One line for a trial that trained to the end, or (``shared_with``) that took the result
+        of the trial training the same model."""
         loss = f"val_loss {val_loss:.4f}" if status == "completed" else f"{status} (val_loss {val_loss})"
+        if shared_with is not None:
+            self._line(f"trial {trial_id} {label}: {loss}, shared from trial {shared_with} "
+                       "(same model, not trained again)")
+            return
         self._line(f"trial {trial_id} {label}: {loss} in {wall_s:.1f}s")
 
     def note(self, message: str) -> None:

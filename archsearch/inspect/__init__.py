@@ -42,12 +42,15 @@ def load_trained(trial_id: str, *, store: str | Path = "archsearch.duckdb", devi
     run before checkpoints were kept).
     """
     with open_store(store, read_only=True) as db:
-        found = db.sql("SELECT s.config->>'$.execution.storage' AS storage FROM trials t "
-                       "LEFT JOIN study_trials st USING (trial_id) LEFT JOIN studies s ON s.name = st.study "
+        # a twin that shared another's training (same_as) has that trial's model
+        columns = db.sql("SELECT * FROM trials LIMIT 0").column_names
+        trained = "coalesce(t.same_as, t.trial_id)" if "same_as" in columns else "t.trial_id"
+        found = db.sql(f"SELECT {trained} AS trained, s.config->>'$.execution.storage' AS storage FROM trials t "
+                       f"LEFT JOIN study_trials st ON st.trial_id = {trained} LEFT JOIN studies s ON s.name = st.study "
                        "WHERE t.trial_id = ?", [trial_id]).to_pylist()
     if not found:
         raise FileNotFoundError(f"no trial {trial_id} in {store}; see `archsearch status --store {store}`")
-    location = checkpoint_dir(store, trial_id, storage=found[0]["storage"])
+    location = checkpoint_dir(store, found[0]["trained"], storage=found[0]["storage"])
     if not is_uri(location):
         return load_model(location, device=device)
     with tempfile.TemporaryDirectory(prefix="archsearch-model-") as folder:

@@ -1,9 +1,10 @@
 """The results store: studies, trials and per-evaluation metrics in DuckDB.
 
 One row per trial, keyed by the trial id (a hash of spec, recipe, data and
-seed), so a trial finished by any study is never trained again. A study links
-to its trials through ``study_trials``. Reads come back as Arrow tables.
-Torch-free.
+seed), so a trial finished by any study is never trained again. A row whose
+``same_as`` names another trial was not trained itself: another arm planned
+the same model, and the row holds that trial's result. A study links to its
+trials through ``study_trials``. Reads come back as Arrow tables. Torch-free.
 """
 
 from __future__ import annotations
@@ -25,8 +26,13 @@ from archsearch.store.side import SideTables
 from archsearch.store.values import _finite, _now, code_version
 from archsearch.store.runlock import run_alive
 
-# Bump when a table changes shape; an older store is refused with a clear line.
-SCHEMA_VERSION = 2
+# Bump when a table changes shape; an older store is refused with a clear line, unless
+# MIGRATIONS takes it forward (done when it is opened for writing; a reader reads it as it is).
+SCHEMA_VERSION = 3
+# version -> the SQL that makes a store of that version the next one
+MIGRATIONS = {
+    "2": "ALTER TABLE trials ADD COLUMN IF NOT EXISTS same_as VARCHAR",  # 3: twins share one training
+}
 
 # layer_profiles: analyses of trained models (archsearch inspect), one row per layer or
 # setting and metric.
@@ -47,7 +53,7 @@ CREATE TABLE IF NOT EXISTS trials (
     status VARCHAR, attempts INTEGER DEFAULT 0, error VARCHAR,
     train_loss DOUBLE, val_loss DOUBLE, val_accuracy DOUBLE, steps BIGINT, tokens BIGINT,
     wall_time_s DOUBLE, tokens_per_s DOUBLE,
-    code_version VARCHAR, created_at TIMESTAMPTZ, finished_at TIMESTAMPTZ);
+    code_version VARCHAR, created_at TIMESTAMPTZ, finished_at TIMESTAMPTZ, same_as VARCHAR);
 CREATE TABLE IF NOT EXISTS study_versions (
     study VARCHAR, version INTEGER, config_hash VARCHAR, config JSON, text VARCHAR, code_version VARCHAR,
     created_at TIMESTAMPTZ, PRIMARY KEY (study, version));
@@ -158,10 +164,17 @@ class Store(SideTables):
             rows = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchall()
         except duckdb.CatalogException:
             rows = []
-        row = rows[0] if rows else None
-        if row is None or row[0] != str(SCHEMA_VERSION):
+        version = rows[0][0] if rows else None
+        if not self.read_only:
+            while version in MIGRATIONS:  # each step whole or not at all
+                con.execute("BEGIN TRANSACTION")
+                con.execute(MIGRATIONS[version])
+                version = str(int(version) + 1)
+                con.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", [version])
+                con.execute("COMMIT")
+        if version != str(SCHEMA_VERSION) and not (self.read_only and version in MIGRATIONS):
             raise StoreError(f"{self.path} was written by another version of archsearch (schema "
-                             f"{row[0] if row else 'unknown'}, this one reads {SCHEMA_VERSION}); "
+                             f"{version or 'unknown'}, this one reads {SCHEMA_VERSION}); "
                              "use a new --store path")
 
     def close(self) -> None:
@@ -203,21 +216,24 @@ class Store(SideTables):
         return self.sql("SELECT * FROM study_versions WHERE study = ? ORDER BY version", [study])
 
     def add_trials(self, study: str, trials: list[dict], *, con: duckdb.DuckDBPyConnection | None = None) -> None:
-        """Register planned trials (``PlannedTrial.to_dict()`` rows); keeps finished ones as they are."""
+        """Register planned trials (``PlannedTrial.to_dict()`` rows); keeps finished ones as they are.
+        A trial not trained yet takes the twin it will share a training with (``same_as``) of the plan."""
         now = _now()
         rows = [[t["trial_id"], t["spec"]["family"], json.dumps(t["axes"]), t["seed"], t["match"], t["target"],
                  t["params"], t["total_params"], t["flops_per_token"], t["match_error"], t.get("achieved"),
                  t.get("state"), t["d_model"], t["num_layers"], t.get("sweep_group"), json.dumps(t["spec"]),
-                 json.dumps(t["recipe"]), json.dumps(t["data"]), "planned", code_version(), now] for t in trials]
+                 json.dumps(t["recipe"]), json.dumps(t["data"]), "planned", code_version(), now, t.get("same_as")]
+                for t in trials]
         if not rows:
             return
         with self._within(con) as con:
             con.executemany(
                 "INSERT INTO trials (trial_id, family, axes, seed, match, target, params, total_params, "
                 "flops_per_token, match_error, achieved, state, d_model, num_layers, sweep_group, spec, recipe, "
-                "data, status, code_version, created_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-                "ON CONFLICT (trial_id) DO NOTHING", rows)
+                "data, status, code_version, created_at, same_as) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (trial_id) DO UPDATE SET same_as = excluded.same_as "
+                "WHERE trials.status IN ('planned', 'interrupted', 'failed', 'diverged')", rows)
             con.executemany("INSERT INTO study_trials VALUES (?, ?) ON CONFLICT DO NOTHING",
                             [[study, t["trial_id"]] for t in trials])
 
@@ -271,8 +287,8 @@ class Store(SideTables):
         with self._within(con) as con:
             con.execute(
                 "UPDATE trials SET status = ?, error = ?, train_loss = ?, val_loss = ?, val_accuracy = ?, "
-                "steps = ?, tokens = ?, wall_time_s = ?, tokens_per_s = ?, code_version = ?, finished_at = ? "
-                "WHERE trial_id = ?",
+                "steps = ?, tokens = ?, wall_time_s = ?, tokens_per_s = ?, code_version = ?, finished_at = ?, "
+                "same_as = NULL WHERE trial_id = ?",
                 ["diverged" if diverged else "completed", diverged, _finite(result["train_loss"]),
                  _finite(result["val_loss"]), _finite(result["val_accuracy"]), result["steps"], result["tokens"],
                  result["wall_time_s"], result["tokens_per_s"], code_version(), _now(), trial_id])
@@ -282,6 +298,28 @@ class Store(SideTables):
                 con.executemany("INSERT INTO metrics VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                                 [_metric_row(trial_id, row) for row in result["curve"]])
         return "diverged" if diverged else "completed"
+
+    def share(self, trial_id: str, source: str, *, con: duckdb.DuckDBPyConnection | None = None) -> str:
+        """Give ``trial_id`` the result and curve of ``source``, a trial that trained the same model
+        (same spec, data, recipe and seed), without training it: its ``same_as`` then names the
+        trial that did train (``source``, or the one ``source`` itself shares). Returns the status."""
+        with self._within(con) as con:
+            rows = con.execute("SELECT coalesce(same_as, trial_id), status FROM trials WHERE trial_id = ?",
+                               [source]).fetchall()
+            if not rows:
+                raise StoreError(f"no trial {source} in {self.path} to share a result from")
+            trained, status = rows[0]
+            con.execute(
+                "UPDATE trials SET status = s.status, error = s.error, train_loss = s.train_loss, "
+                "val_loss = s.val_loss, val_accuracy = s.val_accuracy, steps = s.steps, tokens = s.tokens, "
+                "wall_time_s = s.wall_time_s, tokens_per_s = s.tokens_per_s, code_version = s.code_version, "
+                "finished_at = ?, same_as = ? FROM (SELECT * FROM trials WHERE trial_id = ?) s "
+                "WHERE trials.trial_id = ?", [_now(), trained, source, trial_id])
+            self._mark_sweep_best(con, trial_id)
+            con.execute("DELETE FROM metrics WHERE trial_id = ?", [trial_id])
+            con.execute("INSERT INTO metrics SELECT ? AS trial_id, * EXCLUDE (trial_id) FROM metrics "
+                        "WHERE trial_id = ?", [trial_id, source])
+        return status
 
     @staticmethod
     def _mark_sweep_best(con: duckdb.DuckDBPyConnection, trial_id: str) -> None:
@@ -309,6 +347,16 @@ class Store(SideTables):
         table = self.sql("SELECT trial_id, status, params, flops_per_token, state, val_loss, val_accuracy, "
                          "tokens, tokens_per_s, train_loss FROM trials")
         return {row["trial_id"]: row for row in table.to_pylist()}
+
+    def completed_plans(self) -> list[dict]:
+        """Every completed trial's id, the id of the trial that trained it (``trained``: itself, or
+        the one it shares), its result columns and the plan that made it (spec, recipe, data as
+        dicts, seed): what a driver needs to find a twin's result already in the store."""
+        rows = self.sql("SELECT trial_id, coalesce(same_as, trial_id) AS trained, spec, recipe, data, seed, "
+                        "train_loss, val_loss, val_accuracy, steps, "
+                        "tokens, wall_time_s, tokens_per_s FROM trials WHERE status = 'completed' "
+                        "ORDER BY finished_at, trial_id").to_pylist()
+        return [{**row, **{name: json.loads(row[name]) for name in ("spec", "recipe", "data")}} for row in rows]
 
     def completed_ids(self) -> set[str]:
         return {row["trial_id"] for row in self.sql(
