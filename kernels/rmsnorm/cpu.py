@@ -153,3 +153,8 @@ ELEMENTWISE.add("rms_norm", SOURCE, ["rms_norm_forward", "rms_norm_backward"], _
 def available() -> bool:
     """Whether the kernel compiled here and agrees with the reference (builds on first call)."""
     return ELEMENTWISE.available("rms_norm")
+
+
+def build_error() -> str | None:
+    """Why the kernel is not used, after a build; None when it is (or before the first try)."""
+    return ELEMENTWISE.build_error("rms_norm")

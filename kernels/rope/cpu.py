@@ -169,3 +169,8 @@ ELEMENTWISE.add("rope_heads", SOURCE, ["rope_heads_forward", "rope_heads_backwar
 def available() -> bool:
     """Whether the kernel compiled here and agrees with the reference (builds on first call)."""
     return ELEMENTWISE.available("rope_heads")
+
+
+def build_error() -> str | None:
+    """Why the kernel is not used, after a build; None when it is (or before the first try)."""
+    return ELEMENTWISE.build_error("rope_heads")

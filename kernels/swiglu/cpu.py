@@ -176,3 +176,8 @@ ELEMENTWISE.add("swiglu", SOURCE, ["swiglu_forward", "swiglu_backward"], _self_c
 def available() -> bool:
     """Whether the kernel compiled here and agrees with the reference (builds on first call)."""
     return ELEMENTWISE.available("swiglu")
+
+
+def build_error() -> str | None:
+    """Why the kernel is not used, after a build; None when it is (or before the first try)."""
+    return ELEMENTWISE.build_error("swiglu")
