@@ -21,7 +21,9 @@ leaves every loop that calls it scalar (checked with -fopt-info-vec: 2x on SwiGL
 
 from __future__ import annotations
 
+import os
 import re
+import sys
 import threading
 import warnings
 from collections.abc import Callable
@@ -115,7 +117,7 @@ class Extension:
 
     def _compile(self):
         """Compile (or load the cached build of) every registered part, for this machine's vector ISA."""
-        from torch.utils.cpp_extension import load_inline
+        from torch.utils.cpp_extension import get_default_build_root, load_inline
 
         isa = capability()
         flags = ["-O3", "-fopenmp", "-ffp-contract=fast", "-fno-trapping-math", *ARCH_FLAGS.get(isa, [])]
@@ -124,10 +126,14 @@ class Extension:
         torch_version = re.sub(r"\W", "_", torch.__version__)
         sources = [PRELUDE, *(part.source for part in self._parts.values())]
         functions = [name for part in self._parts.values() for name in part.functions]
+        name = f"archsearch_{self.name}_{isa.lower()}_torch{torch_version}"
+        if not os.path.exists(os.path.join(get_default_build_root(), name, f"{name}.so")):
+            print(f"archsearch: compiling the C++ CPU kernels of {', '.join(self._parts)} for this machine, "
+                  "once (under a minute)", file=sys.stderr, flush=True)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return load_inline(name=f"archsearch_{self.name}_{isa.lower()}_torch{torch_version}", cpp_sources=sources,
-                               functions=functions, extra_cflags=flags, extra_ldflags=["-fopenmp"], verbose=False)
+            return load_inline(name=name, cpp_sources=sources, functions=functions, extra_cflags=flags,
+                               extra_ldflags=["-fopenmp"], verbose=False)
 
     def _load_locked(self) -> None:
         module, build_error = None, None

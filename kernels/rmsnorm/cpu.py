@@ -25,16 +25,12 @@ from torch.autograd.function import once_differentiable
 from ..cpu_build import ELEMENTWISE, compare
 
 SOURCE = r"""
-namespace {
-constexpr int64_t NORM_ROWS_PER_BLOCK = 64;
-}
-
-// x [R, D] contiguous, weight [D] -> y [R, D], and 1/rms [R] for the backward
-std::vector<at::Tensor> rms_norm_forward(at::Tensor x, at::Tensor weight, double eps) {
+// x [R, D] contiguous, weight [D] -> y [R, D] and 1/rms [R] for the backward, written into the given tensors
+void rms_norm_forward(at::Tensor x, at::Tensor weight, double eps, at::Tensor y, at::Tensor rstd) {
   archsearch_cpu::check_float(x, "x"); archsearch_cpu::check_float(weight, "weight");
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && weight.is_contiguous(), "rms_norm: x [R, D] must be contiguous");
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && weight.is_contiguous() && y.is_contiguous() &&
+              y.sizes() == x.sizes() && rstd.numel() == x.size(0), "rms_norm: x, y [R, D] and rstd [R] must be contiguous");
   const int64_t R = x.size(0), D = x.size(1);
-  at::Tensor y = at::empty_like(x), rstd = at::empty({R}, x.options());
   const float *x_p = x.data_ptr<float>(), *w_p = weight.data_ptr<float>();
   float *y_p = y.data_ptr<float>(), *r_p = rstd.data_ptr<float>();
   const float feps = static_cast<float>(eps);
@@ -51,23 +47,26 @@ std::vector<at::Tensor> rms_norm_forward(at::Tensor x, at::Tensor weight, double
       for (int64_t d = 0; d < D; ++d) yr[d] = xr[d] * inv * w_p[d];
     }
   });
-  return {y, rstd};
 }
 
-// dy, x [R, D] contiguous, weight [D], rstd [R] -> dx [R, D], and dweight as [blocks, D] partial sums
-std::vector<at::Tensor> rms_norm_backward(at::Tensor dy, at::Tensor x, at::Tensor weight, at::Tensor rstd) {
-  TORCH_CHECK(dy.sizes() == x.sizes() && dy.is_contiguous(), "rms_norm: dy must be contiguous, x's shape");
+// dy, x [R, D] contiguous, weight [D], rstd [R] -> dx [R, D], and dweight as one partial sum per
+// block of rows_per_block rows, [blocks, D] (each block's row is overwritten, not added to)
+void rms_norm_backward(at::Tensor dy, at::Tensor x, at::Tensor weight, at::Tensor rstd, int64_t rows_per_block,
+                       at::Tensor dx, at::Tensor dweight) {
   const int64_t R = x.size(0), D = x.size(1);
-  const int64_t blocks = (R + NORM_ROWS_PER_BLOCK - 1) / NORM_ROWS_PER_BLOCK;
-  at::Tensor dx = at::empty_like(x), dweight = at::zeros({blocks, D}, x.options());
+  const int64_t blocks = (R + rows_per_block - 1) / rows_per_block;
+  TORCH_CHECK(dy.sizes() == x.sizes() && dy.is_contiguous() && dx.sizes() == x.sizes() && dx.is_contiguous() &&
+              dweight.is_contiguous() && dweight.size(0) == blocks && dweight.size(1) == D,
+              "rms_norm: dy, dx [R, D] and dweight [blocks, D] must be contiguous");
   const float *dy_p = dy.data_ptr<float>(), *x_p = x.data_ptr<float>(), *w_p = weight.data_ptr<float>();
   const float* r_p = rstd.data_ptr<float>();
   float *dx_p = dx.data_ptr<float>(), *dw_p = dweight.data_ptr<float>();
   at::parallel_for(0, blocks, 1, [&](int64_t first, int64_t last) {
     for (int64_t block = first; block < last; ++block) {
       float* dw = dw_p + block * D;
-      const int64_t stop = std::min(R, (block + 1) * NORM_ROWS_PER_BLOCK);
-      for (int64_t r = block * NORM_ROWS_PER_BLOCK; r < stop; ++r) {
+      std::fill(dw, dw + D, 0.0f);
+      const int64_t stop = std::min(R, (block + 1) * rows_per_block);
+      for (int64_t r = block * rows_per_block; r < stop; ++r) {
         const float *xr = x_p + r * D, *dyr = dy_p + r * D;
         float* dxr = dx_p + r * D;
         const float inv = r_p[r];
@@ -83,15 +82,19 @@ std::vector<at::Tensor> rms_norm_backward(at::Tensor dy, at::Tensor x, at::Tenso
       }
     }
   });
-  return {dx, dweight};
 }
 """
+
+
+# rows whose weight gradients are summed into one partial row; torch adds the partial rows
+ROWS_PER_BLOCK = 64
 
 
 class _RMSNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, module, x_RD: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        y_RD, rstd_R = module.rms_norm_forward(x_RD, weight, eps)
+        y_RD, rstd_R = torch.empty_like(x_RD), torch.empty(x_RD.shape[0], dtype=x_RD.dtype)
+        module.rms_norm_forward(x_RD, weight, eps, y_RD, rstd_R)
         ctx.module = module
         ctx.save_for_backward(x_RD, weight, rstd_R)
         return y_RD
@@ -100,7 +103,10 @@ class _RMSNorm(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, dy_RD: torch.Tensor):
         x_RD, weight, rstd_R = ctx.saved_tensors
-        dx_RD, dweight_blocks = ctx.module.rms_norm_backward(dy_RD.contiguous(), x_RD, weight, rstd_R)
+        rows, width = x_RD.shape
+        dx_RD = torch.empty_like(x_RD)
+        dweight_blocks = torch.empty(-(-rows // ROWS_PER_BLOCK), width, dtype=x_RD.dtype)
+        ctx.module.rms_norm_backward(dy_RD.contiguous(), x_RD, weight, rstd_R, ROWS_PER_BLOCK, dx_RD, dweight_blocks)
         return None, dx_RD, dweight_blocks.sum(0), None
 
 

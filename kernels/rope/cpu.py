@@ -22,15 +22,19 @@ from ..cpu_build import ELEMENTWISE, compare
 
 SOURCE = r"""
 // qkv [B, T, 3 H K] (unit stride along the last axis), cos, sin [T, K/2] contiguous
-// -> q, k rotated and v, each [B, H, T, K] contiguous
-std::vector<at::Tensor> rope_heads_forward(at::Tensor qkv, int64_t H, at::Tensor cos, at::Tensor sin) {
+// -> q, k rotated and v, each [B, H, T, K] contiguous, written into the given tensors
+void rope_heads_forward(at::Tensor qkv, int64_t H, at::Tensor cos, at::Tensor sin, at::Tensor q, at::Tensor k,
+                        at::Tensor v) {
   archsearch_cpu::check_float(qkv, "qkv"); archsearch_cpu::check_float(cos, "cos"); archsearch_cpu::check_float(sin, "sin");
   TORCH_CHECK(qkv.dim() == 3 && qkv.stride(2) == 1 && qkv.size(2) % (3 * H) == 0, "rope: qkv must be [B, T, 3 H K], unit stride last");
   const int64_t B = qkv.size(0), T = qkv.size(1), K = qkv.size(2) / (3 * H), half = K / 2;
   TORCH_CHECK(K % 2 == 0 && cos.is_contiguous() && sin.is_contiguous() && cos.size(0) == T && cos.size(1) == half,
               "rope: the tables must be [T, K/2] contiguous, K even");
+  for (const at::Tensor* out : {&q, &k, &v}) {
+    TORCH_CHECK(out->dim() == 4 && out->size(0) == B && out->size(1) == H && out->size(2) == T && out->size(3) == K &&
+                out->is_contiguous(), "rope: q, k, v must be [B, H, T, K] contiguous");
+  }
   const int64_t sb = qkv.stride(0), st = qkv.stride(1);
-  at::Tensor q = at::empty({B, H, T, K}, qkv.options()), k = at::empty_like(q), v = at::empty_like(q);
   const float *x_p = qkv.data_ptr<float>(), *c_p = cos.data_ptr<float>(), *s_p = sin.data_ptr<float>();
   float* outs[3] = {q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>()};
   at::parallel_for(0, B * T, 4, [&](int64_t begin, int64_t end) {
@@ -53,11 +57,11 @@ std::vector<at::Tensor> rope_heads_forward(at::Tensor qkv, int64_t H, at::Tensor
       }
     }
   });
-  return {q, k, v};
 }
 
-// dq, dk, dv [B, H, T, K] (unit stride along K), the tables -> the projection's gradient [B, T, 3 H K]
-at::Tensor rope_heads_backward(at::Tensor dq, at::Tensor dk, at::Tensor dv, at::Tensor cos, at::Tensor sin) {
+// dq, dk, dv [B, H, T, K] (unit stride along K), the tables -> the projection's gradient dqkv
+// [B, T, 3 H K] contiguous, written into the given tensor
+void rope_heads_backward(at::Tensor dq, at::Tensor dk, at::Tensor dv, at::Tensor cos, at::Tensor sin, at::Tensor dqkv) {
   const int64_t B = dq.size(0), H = dq.size(1), T = dq.size(2), K = dq.size(3), half = K / 2;
   const at::Tensor* grads[3] = {&dq, &dk, &dv};
   const float* g_p[3];
@@ -67,7 +71,7 @@ at::Tensor rope_heads_backward(at::Tensor dq, at::Tensor dk, at::Tensor dv, at::
     g_p[j] = grads[j]->data_ptr<float>();
     for (int a = 0; a < 3; ++a) strides[j][a] = grads[j]->stride(a);
   }
-  at::Tensor dqkv = at::empty({B, T, 3 * H * K}, dq.options());
+  TORCH_CHECK(dqkv.is_contiguous() && dqkv.numel() == B * T * 3 * H * K, "rope: dqkv must be [B, T, 3 H K] contiguous");
   const float *c_p = cos.data_ptr<float>(), *s_p = sin.data_ptr<float>();
   float* d_p = dqkv.data_ptr<float>();
   at::parallel_for(0, B * T, 4, [&](int64_t begin, int64_t end) {
@@ -92,7 +96,6 @@ at::Tensor rope_heads_backward(at::Tensor dq, at::Tensor dk, at::Tensor dv, at::
       }
     }
   });
-  return dqkv;
 }
 """
 
@@ -100,7 +103,9 @@ at::Tensor rope_heads_backward(at::Tensor dq, at::Tensor dk, at::Tensor dv, at::
 class _RopeHeads(torch.autograd.Function):
     @staticmethod
     def forward(ctx, module, qkv: torch.Tensor, num_heads: int, cos: torch.Tensor, sin: torch.Tensor):
-        q, k, v = module.rope_heads_forward(qkv, num_heads, cos, sin)
+        B, T, width = qkv.shape
+        q, k, v = (torch.empty(B, num_heads, T, width // (3 * num_heads), dtype=qkv.dtype) for _ in range(3))
+        module.rope_heads_forward(qkv, num_heads, cos, sin, q, k, v)
         ctx.module = module
         ctx.save_for_backward(cos, sin)
         return q, k, v
@@ -116,7 +121,9 @@ class _RopeHeads(torch.autograd.Function):
             return g if g.stride(-1) == 1 else g.contiguous()
 
         like = next(g for g in (dq, dk, dv) if g is not None)
-        dqkv = ctx.module.rope_heads_backward(unit_last(dq, like), unit_last(dk, like), unit_last(dv, like), cos, sin)
+        B, H, T, K = like.shape
+        dqkv = torch.empty(B, T, 3 * H * K, dtype=like.dtype)
+        ctx.module.rope_heads_backward(unit_last(dq, like), unit_last(dk, like), unit_last(dv, like), cos, sin, dqkv)
         return None, dqkv, None, None, None
 
 

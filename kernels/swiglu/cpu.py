@@ -7,28 +7,26 @@ incoming gradient, one pass each way (s recomputed from gate, nothing else saved
 
 When gate and up are the two halves of one [..., 2F] tensor, as the fused gate_up projection's
 ``chunk(2, -1)`` makes them, the kernel reads that tensor in place and writes the gradient of
-the whole [..., 2F] tensor in one buffer, so autograd's concatenation of the halves' gradients
-(one more pass over 2F) never runs. PyTorch's path (F.silu(gate) * up) takes five passes and
+the whole [..., 2F] tensor in one buffer (layout.py), so autograd's concatenation of the
+halves' gradients (one more pass over 2F) never runs. PyTorch's path (F.silu(gate) * up) takes five passes and
 saves silu(gate) as well. Built as part of `ELEMENTWISE` (kernels/cpu_build.py).
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch.autograd.function import once_differentiable
 
 from ..cpu_build import ELEMENTWISE, compare
+from .layout import halves_of, rows
 
 SOURCE = r"""
-// gate, up [R, F] with unit stride along F and any row strides -> silu(gate) * up, [R, F] contiguous
-at::Tensor swiglu_forward(at::Tensor gate, at::Tensor up) {
+// gate, up [R, F] with unit stride along F and any row strides -> h = silu(gate) * up, [R, F] contiguous
+void swiglu_forward(at::Tensor gate, at::Tensor up, at::Tensor h) {
   archsearch_cpu::check_float(gate, "gate"); archsearch_cpu::check_float(up, "up");
-  TORCH_CHECK(gate.dim() == 2 && gate.sizes() == up.sizes() && gate.stride(1) == 1 && up.stride(1) == 1,
-              "swiglu: gate and up must be [R, F] with unit stride along F");
+  TORCH_CHECK(gate.dim() == 2 && gate.sizes() == up.sizes() && gate.stride(1) == 1 && up.stride(1) == 1 &&
+              h.sizes() == gate.sizes() && h.is_contiguous(), "swiglu: gate, up, h must be [R, F], unit stride along F");
   const int64_t R = gate.size(0), F = gate.size(1), sg = gate.stride(0), su = up.stride(0);
-  at::Tensor h = at::empty({R, F}, gate.options());
   const float *g_p = gate.data_ptr<float>(), *u_p = up.data_ptr<float>();
   float* h_p = h.data_ptr<float>();
   at::parallel_for(0, R, 8, [&](int64_t begin, int64_t end) {
@@ -39,21 +37,21 @@ at::Tensor swiglu_forward(at::Tensor gate, at::Tensor up) {
       for (int64_t f = 0; f < F; ++f) out[f] = g[f] / (1.0f + archsearch_cpu::exp_lane(-g[f])) * u[f];
     }
   });
-  return h;
 }
 
-// dh [R, F] contiguous, gate and up as for the forward -> [R, 2F]: d gate, then d up, in each row
-at::Tensor swiglu_backward(at::Tensor dh, at::Tensor gate, at::Tensor up) {
-  TORCH_CHECK(dh.sizes() == gate.sizes() && dh.is_contiguous(), "swiglu: dh must be contiguous, gate's shape");
-  const int64_t R = gate.size(0), F = gate.size(1), sg = gate.stride(0), su = up.stride(0);
-  at::Tensor dgu = at::empty({R, 2 * F}, gate.options());
+// dh [R, F] contiguous, gate and up as for the forward -> dgate, dup: [R, F] with unit stride along
+// F and one row stride between them (the halves of one [R, 2F] buffer, or two [R, F] tensors)
+void swiglu_backward(at::Tensor dh, at::Tensor gate, at::Tensor up, at::Tensor dgate, at::Tensor dup) {
+  TORCH_CHECK(dh.sizes() == gate.sizes() && dh.is_contiguous() && dgate.sizes() == gate.sizes() &&
+              dup.sizes() == gate.sizes() && dgate.stride(1) == 1 && dup.stride(1) == 1 &&
+              dgate.stride(0) == dup.stride(0), "swiglu: dh contiguous; dgate, dup [R, F] with one row stride");
+  const int64_t R = gate.size(0), F = gate.size(1), sg = gate.stride(0), su = up.stride(0), sd = dgate.stride(0);
   const float *g_p = gate.data_ptr<float>(), *u_p = up.data_ptr<float>(), *dh_p = dh.data_ptr<float>();
-  float* d_p = dgu.data_ptr<float>();
+  float *dg_p = dgate.data_ptr<float>(), *du_p = dup.data_ptr<float>();
   at::parallel_for(0, R, 8, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const float *g = g_p + r * sg, *u = u_p + r * su, *d = dh_p + r * F;
-      float* dg = d_p + r * 2 * F;
-      float* du = dg + F;
+      float *dg = dg_p + r * sd, *du = du_p + r * sd;
 #pragma omp simd
       for (int64_t f = 0; f < F; ++f) {
         const float s = 1.0f / (1.0f + archsearch_cpu::exp_lane(-g[f])), gs = g[f] * s;
@@ -62,33 +60,40 @@ at::Tensor swiglu_backward(at::Tensor dh, at::Tensor gate, at::Tensor up) {
       }
     }
   });
-  return dgu;
 }
 """
 
 
-def _rows(x: torch.Tensor) -> torch.Tensor:
-    """[..., F] -> [R, F] without a copy where the leading axes merge and F has unit stride."""
-    x_RF = x.reshape(math.prod(x.shape[:-1]), x.shape[-1])  # not -1: a zero width would be ambiguous
-    return x_RF if x_RF.stride(-1) == 1 else x_RF.contiguous()
+def _forward(module, gate_RF: torch.Tensor, up_RF: torch.Tensor) -> torch.Tensor:
+    h_RF = torch.empty(gate_RF.shape, dtype=gate_RF.dtype)
+    module.swiglu_forward(gate_RF, up_RF, h_RF)
+    return h_RF
+
+
+def _backward(module, dh: torch.Tensor, gate_RF: torch.Tensor, up_RF: torch.Tensor) -> torch.Tensor:
+    """d gate and d up as the two halves of one [R, 2F] tensor."""
+    width = gate_RF.shape[1]
+    dgu_R2F = torch.empty(gate_RF.shape[0], 2 * width, dtype=gate_RF.dtype)
+    module.swiglu_backward(rows(dh).contiguous(), gate_RF, up_RF, dgu_R2F[:, :width], dgu_R2F[:, width:])
+    return dgu_R2F
 
 
 class _SwiGLU(torch.autograd.Function):
-    """(gate, up) -> h, the gradient as two halves of one [R, 2F] buffer."""
+    """(gate, up) -> h; the two gradients are halves of one buffer."""
 
     @staticmethod
     def forward(ctx, module, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-        gate_RF, up_RF = _rows(gate), _rows(up)
+        gate_RF, up_RF = rows(gate), rows(up)
         ctx.module, ctx.shape = module, gate.shape
         ctx.save_for_backward(gate_RF, up_RF)
-        return module.swiglu_forward(gate_RF, up_RF).view(gate.shape)
+        return _forward(module, gate_RF, up_RF).view(gate.shape)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dh: torch.Tensor):
         gate_RF, up_RF = ctx.saved_tensors
         width = gate_RF.shape[1]
-        dgu_R2F = ctx.module.swiglu_backward(_rows(dh).contiguous(), gate_RF, up_RF)
+        dgu_R2F = _backward(ctx.module, dh, gate_RF, up_RF)
         return None, dgu_R2F[:, :width].view(ctx.shape), dgu_R2F[:, width:].view(ctx.shape)
 
 
@@ -97,32 +102,18 @@ class _SwiGLUPacked(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, module, gate_up: torch.Tensor) -> torch.Tensor:
-        gu_R2F = _rows(gate_up)
+        gu_R2F = rows(gate_up)
         width = gu_R2F.shape[1] // 2
         ctx.module, ctx.shape = module, gate_up.shape
         ctx.save_for_backward(gu_R2F)
-        return module.swiglu_forward(gu_R2F[:, :width], gu_R2F[:, width:]).view(*gate_up.shape[:-1], width)
+        return _forward(module, gu_R2F[:, :width], gu_R2F[:, width:]).view(*gate_up.shape[:-1], width)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dh: torch.Tensor):
         (gu_R2F,) = ctx.saved_tensors
         width = gu_R2F.shape[1] // 2
-        dgu = ctx.module.swiglu_backward(_rows(dh).contiguous(), gu_R2F[:, :width], gu_R2F[:, width:])
-        return None, dgu.view(ctx.shape)
-
-
-def halves_of(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor | None:
-    """The [..., 2F] tensor whose first and second halves along the last axis are exactly gate
-    and up (``gate, up = t.chunk(2, -1)``), or None when they are not."""
-    base = gate._base
-    if base is None or up._base is not base or base.dim() != gate.dim() or gate.shape != up.shape:
-        return None
-    width = gate.shape[-1]
-    return base if (base.shape[:-1] == gate.shape[:-1] and base.shape[-1] == 2 * width
-                    and gate.stride() == up.stride() == base.stride()
-                    and gate.storage_offset() == base.storage_offset()
-                    and up.storage_offset() == base.storage_offset() + width * base.stride(-1)) else None
+        return None, _backward(ctx.module, dh, gu_R2F[:, :width], gu_R2F[:, width:]).view(ctx.shape)
 
 
 def swiglu_cpu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

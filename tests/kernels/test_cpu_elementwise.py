@@ -21,12 +21,13 @@ from archsearch_kernels.rope import cpu as rope_cpu
 from archsearch_kernels.rope import rope_heads_naive, rope_tables
 from archsearch_kernels.swiglu import cpu as swiglu_cpu
 from archsearch_kernels.swiglu import swiglu_naive
+from archsearch_kernels.swiglu.layout import halves_of
 
 from archsearch.arch.model import build_model
 from archsearch.arch.spec import ArchSpec, LayerSpec
 from archsearch.data import Batch
 from archsearch.train.loop import training_loss
-from tests.kernels.conftest import assert_close
+from tests.kernels.conftest import assert_close, poison_empty
 
 ATOL = 1e-5
 
@@ -45,8 +46,11 @@ def built():
 
 @pytest.fixture(autouse=True)
 def clean_setting(monkeypatch):
+    """The default setting, and every output buffer the kernels are given starts as NaN (the
+    Python side allocates them), so an element the C++ loops skip fails the comparison."""
     monkeypatch.delenv(dispatch.MODE_VAR, raising=False)
     monkeypatch.setenv(dispatch.DISABLE_VAR, "")
+    poison_empty(monkeypatch)
 
 
 def outputs_and_grads(fn, inputs: list[torch.Tensor], cotangent_seed: int = 1):
@@ -121,14 +125,14 @@ def test_swiglu_packed_path_is_taken_exactly_for_the_two_halves():
     chunk and nothing else (a wrong match would compute with the wrong columns)."""
     gate_up = torch.randn(2, 3, 10)
     gate, up = gate_up.chunk(2, -1)
-    assert swiglu_cpu.halves_of(gate, up) is gate_up
-    assert swiglu_cpu.halves_of(up, gate) is None  # swapped
+    assert halves_of(gate, up) is gate_up
+    assert halves_of(up, gate) is None  # swapped
     wide = torch.randn(2, 3, 11)
-    assert swiglu_cpu.halves_of(wide[..., :5], wide[..., 5:10]) is None  # not the whole tensor
-    assert swiglu_cpu.halves_of(wide[..., :5], wide[..., 6:11]) is None  # not adjacent
+    assert halves_of(wide[..., :5], wide[..., 5:10]) is None  # not the whole tensor
+    assert halves_of(wide[..., :5], wide[..., 6:11]) is None  # not adjacent
     other = torch.randn(2, 3, 5)
-    assert swiglu_cpu.halves_of(gate, other) is None
-    assert swiglu_cpu.halves_of(torch.randn(2, 3, 5), torch.randn(2, 3, 5)) is None
+    assert halves_of(gate, other) is None
+    assert halves_of(torch.randn(2, 3, 5), torch.randn(2, 3, 5)) is None
 
 
 def test_swiglu_of_unequal_shapes_is_an_error():
@@ -271,8 +275,9 @@ def test_an_op_that_disagrees_with_its_reference_is_off_and_the_others_stay_on(m
         def __getattr__(self, name):
             return getattr(module, name)
 
-        def swiglu_forward(self, gate, up):
-            return module.swiglu_forward(gate, up) + 1
+        def swiglu_forward(self, gate, up, h):
+            module.swiglu_forward(gate, up, h)
+            h.add_(1)
 
     monkeypatch.setattr(extension, "_state", {})
     monkeypatch.setattr(extension, "_compile", Wrong)
@@ -287,3 +292,24 @@ def test_an_op_added_after_the_build_is_refused():
     extension._state["module"] = object()
     with pytest.raises(RuntimeError, match="added after the extension was built"):
         extension.add("late", "", [], lambda module: None)
+
+
+def test_an_element_the_kernel_leaves_unwritten_fails_the_comparison(monkeypatch):
+    """The planted fault the NaN-filled buffers exist for: a forward that skips the last column
+    (simulated by handing the kernel a view one column short) leaves NaN there, and the
+    agreement check fails, although every written element is right."""
+    module = cpu_build.ELEMENTWISE.module("swiglu")
+
+    class Short:
+        def __getattr__(self, name):
+            return getattr(module, name)
+
+        def swiglu_forward(self, gate, up, h):
+            module.swiglu_forward(gate[:, :-1], up[:, :-1], h[:, :-1].contiguous())
+            h[:, :-1] = (torch.nn.functional.silu(gate) * up)[:, :-1]
+
+    gate, up = torch.randn(4, 9), torch.randn(4, 9)
+    h = swiglu_cpu._SwiGLU.apply(Short(), gate, up)
+    assert torch.isnan(h[:, -1]).all() and not torch.isnan(h[:, :-1]).any()
+    with pytest.raises(AssertionError, match="NaN"):
+        assert_close("h", swiglu_naive(gate, up), h, ATOL)
