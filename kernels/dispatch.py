@@ -3,8 +3,9 @@
 One setting, the environment variable ``ARCHSEARCH_KERNELS``:
 
     auto       (default) Triton when the tensors are on CUDA and triton is installed; on CPU
-               tensors the C++ kernel of an op that has one (the selective scan,
-               selective_scan/cpu.py) when it builds here and passes its check, else PyTorch
+               tensors the C++ kernel of an op that has one (`CPU_KERNELS`: the selective
+               scan, RMSNorm, SwiGLU and the rotary q, k, v heads, each ``cpu.py``) when it
+               builds here and passes its check, else PyTorch
     triton     always Triton (on a CPU only under TRITON_INTERPRET=1, for tests)
     cpp        the C++ kernel on CPU tensors for an op that has one, an error if it does not
                build; everything else as under auto
@@ -13,7 +14,9 @@ One setting, the environment variable ``ARCHSEARCH_KERNELS``:
 The PyTorch path here is the one the models ran before the kernels existed (F.rms_norm,
 F.silu(gate) * up, the chunked scan, logits then F.cross_entropy), so turning the kernels
 off changes nothing else; the naive.py files beside each kernel are the specs they are
-tested against.
+tested against. The C++ kernels take float32 only, and step aside inside torch.compile
+(inductor fuses the same elementwise work itself): other dtypes and compiled graphs run
+the PyTorch path under every setting.
 
 The gated delta rule has two kernels: the chunked WY form (`gated_delta/chunked_kernel.py`)
 from `CHUNKED_FROM` steps on, the recurrent one (`gated_delta/kernel.py`) for shorter
@@ -45,11 +48,15 @@ from .gated_delta import (
     gated_delta_rule_triton,
 )
 from .linear_cross_entropy import linear_cross_entropy_naive, linear_cross_entropy_triton
-from .rmsnorm import rms_norm_naive, rms_norm_triton
-from .selective_scan import selective_scan_chunked, selective_scan_naive, selective_scan_triton
+from .rmsnorm import cpu as rms_norm_cpu_kernel
+from .rmsnorm import rms_norm_cpu, rms_norm_naive, rms_norm_triton
+from .rope import cpu as rope_heads_cpu_kernel
+from .rope import rope_heads_cpu, rope_heads_naive
 from .selective_scan import cpu as selective_scan_cpu_kernel
+from .selective_scan import selective_scan_chunked, selective_scan_naive, selective_scan_triton
 from .ssd import ssd_chunked, ssd_naive, ssd_triton
-from .swiglu import swiglu_naive, swiglu_triton
+from .swiglu import cpu as swiglu_cpu_kernel
+from .swiglu import swiglu_cpu, swiglu_naive, swiglu_triton
 
 MODES = ("auto", "triton", "cpp", "reference")
 OPS = ("rms_norm", "swiglu", "selective_scan", "gated_delta_rule", "gated_delta_rule_chunked", "ssd",
@@ -58,8 +65,10 @@ OPS = ("rms_norm", "swiglu", "selective_scan", "gated_delta_rule", "gated_delta_
 # one: one default chunk (64 steps). Not yet measured on a GPU; benchmarks/bench_kernels_gpu.py
 # times both over a sweep of T to set it
 CHUNKED_FROM = 64
-# ops with a compiled C++ path for CPU tensors: op -> its module (available(), the op itself)
-CPU_KERNELS = {"selective_scan": selective_scan_cpu_kernel}
+# ops with a compiled C++ path for CPU tensors: op -> its module (available(), the op itself);
+# rope_heads has no Triton kernel (on CUDA its reference runs)
+CPU_KERNELS = {"selective_scan": selective_scan_cpu_kernel, "rms_norm": rms_norm_cpu_kernel,
+               "swiglu": swiglu_cpu_kernel, "rope_heads": rope_heads_cpu_kernel}
 MODE_VAR, DISABLE_VAR = "ARCHSEARCH_KERNELS", "ARCHSEARCH_KERNELS_DISABLE"
 
 
@@ -104,7 +113,7 @@ def triton_installed() -> bool:
 def use_triton(op: str, device: torch.device | str) -> bool:
     """Whether `op` on tensors on `device` runs its Triton kernel under the current setting."""
     setting = mode()
-    if setting == "reference" or op in disabled():
+    if setting == "reference" or op in disabled() or op not in PAIRS:
         return False
     if setting == "triton":
         return True
@@ -124,10 +133,19 @@ def use_cpp(op: str, device: torch.device | str) -> bool:
     return setting == "cpp" or CPU_KERNELS[op].available()
 
 
+def _cpp_takes(op: str, *tensors: torch.Tensor) -> bool:
+    """Whether `op` runs its C++ kernel on these tensors: float32, outside torch.compile, and
+    `use_cpp` says so."""
+    return (all(x.dtype == torch.float32 for x in tensors) and not torch.compiler.is_compiling()
+            and use_cpp(op, tensors[0].device))
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over the last axis: [..., D] -> [..., D]."""
     if use_triton("rms_norm", x.device):
         return rms_norm_triton(x, weight, eps)
+    if _cpp_takes("rms_norm", x, weight):
+        return rms_norm_cpu(x, weight, eps)
     return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
 
@@ -135,7 +153,17 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up: [..., F] x2 -> [..., F]."""
     if use_triton("swiglu", gate.device):
         return swiglu_triton(gate, up)
+    if _cpp_takes("swiglu", gate, up):
+        return swiglu_cpu(gate, up)
     return F.silu(gate) * up
+
+
+def rope_heads(qkv: torch.Tensor, num_heads: int, cos: torch.Tensor, sin: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The fused projection [B, T, 3*H*K] as q, k (rotated) and v, each [B, H, T, K]."""
+    if _cpp_takes("rope_heads", qkv):
+        return rope_heads_cpu(qkv, num_heads, cos, sin)
+    return rope_heads_naive(qkv, num_heads, cos, sin)
 
 
 def selective_scan(*args, **kwargs):
@@ -268,6 +296,5 @@ def preflight(ops: Iterable[str], device: torch.device | str) -> dict[str, str]:
 
 
 __all__ = ["CHUNKED_FROM", "CPU_KERNELS", "MODES", "OPS", "RMSNorm", "check", "disable", "disabled", "forced",
-           "gated_delta_rule",
-           "linear_cross_entropy", "mode",
-           "preflight", "rms_norm", "selective_scan", "ssd", "swiglu", "use_cpp", "use_triton"]
+           "gated_delta_rule", "linear_cross_entropy", "mode", "preflight", "rms_norm", "rope_heads",
+           "selective_scan", "ssd", "swiglu", "use_cpp", "use_triton"]

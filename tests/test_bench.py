@@ -23,11 +23,12 @@ def test_bench_reports_each_planned_trial(tiny_study):
     assert result.exit_code == 0, result.output
     report = json.loads(result.output)
     rows = report["rows"]
-    assert [row["trial"] for row in rows] == [0, 1, 2] and {row["kernels"] for row in rows} == {"off"}
+    # every model runs RMSNorm, which has a C++ kernel: "on" and "off" for each trial on a CPU
+    assert [(row["trial"], row["kernels"]) for row in rows] == [(t, k) for t in range(3) for k in ("on", "off")]
     import archsearch as A
 
     plan = A.plan(A.load_study(tiny_study))
-    for row, trial in zip(rows, plan):
+    for row, trial in zip(rows, [trial for trial in plan for _ in ("on", "off")]):
         assert row["trial_id"] == trial.trial_id and row["params"] == trial.total_params
         assert row["tokens_per_s"] == pytest.approx(2 * 16 / (row["step_ms"] / 1e3))
         # MFU is the step's training FLOP/s over the matmul's, both measured here
@@ -42,10 +43,27 @@ def test_bench_one_trial_and_the_errors_a_user_can_make(tiny_study):
     assert "median of 1 rounds" in result.output and "%" in result.output  # the MFU cell
     result = invoke(tiny_study, "--trial", "3")
     assert result.exit_code == 2 and "--trial 3: the study plans 3 trials, numbered 0 to 2" in result.output
-    result = invoke(tiny_study, "--kernels", "on", "--trial", "0")
-    assert result.exit_code == 2 and "none of these trials runs an op that has one" in result.output
     result = invoke(tiny_study, "--kernels", "fast")
     assert result.exit_code == 2 and "choose on, off, both or auto" in result.output
+
+
+def test_bench_kernels_on_a_cpu_where_the_cpp_kernels_do_not_build(tiny_study, monkeypatch):
+    """Simulated failed build: the default times "off" only, and asking for "on" (which would
+    time the PyTorch path twice) is an error that says why."""
+    from archsearch_kernels import cpu_build
+
+    def broken():
+        raise RuntimeError("g++: fatal error: killed")
+
+    monkeypatch.setattr(cpu_build.ELEMENTWISE, "_state", {})
+    monkeypatch.setattr(cpu_build.ELEMENTWISE, "_compile", broken)
+    with pytest.warns(RuntimeWarning):
+        result = invoke(tiny_study, "--json", "--trial", "0", "--rounds", "1", "--no-hf", "--batch-size", "2")
+    assert result.exit_code == 0, result.output
+    assert [row["kernels"] for row in json.loads(result.output)["rows"]] == ["off"]
+    result = invoke(tiny_study, "--kernels", "on", "--trial", "0")
+    assert result.exit_code == 2 and "none that these trials run builds here (rms_norm: RuntimeError: g++: fatal " \
+        "error: killed" in result.output
 
 
 def test_rounds_interleave_every_configuration(monkeypatch):
@@ -69,7 +87,7 @@ def test_a_compiled_row_beside_each_eager_one(tiny_study):
     its own timings and the first (compiling) step kept out of the rounds. The eager backend
     only traces, so the test stays fast; inductor is what docs/performance.md measures."""
     result = invoke(tiny_study, "--json", "--trial", "0", "--rounds", "1", "--no-hf", "--batch-size", "2",
-                    "--compile", "eager")
+                    "--compile", "eager", "--kernels", "off")
     assert result.exit_code == 0, result.output
     report = json.loads(result.output)
     eager, compiled = report["rows"]

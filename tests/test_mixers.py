@@ -10,12 +10,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from archsearch_kernels.rope import apply_rope, rope_tables
+
 from archsearch.arch.blocks import mixer
-from archsearch.arch.blocks.attention import (
-    apply_rope,
-    attention_reference,
-    rope_tables,
-)
+from archsearch.arch.blocks.attention import attention_reference
 from archsearch.arch.model import build_model
 from archsearch.arch.spec import ArchSpec, LayerSpec
 

@@ -12,13 +12,16 @@ from archsearch.arch.spec import ArchSpec
 
 def kernels_used(specs: Iterable[ArchSpec]) -> list[str]:
     """The dispatched ops these models run: RMSNorm and the fused loss always, SwiGLU, the
-    selective scan, the gated delta rule (both its kernels: which one runs depends on the
-    sequence length) and the SSD scan where a layer has them."""
+    rotary q, k, v heads of (gated) attention, the selective scan, the gated delta rule (both
+    its kernels: which one runs depends on the sequence length) and the SSD scan where a layer
+    has them."""
     ops = {"rms_norm", "linear_cross_entropy"}
     for spec in specs:
         for layer in spec.layers:
             if layer.mlp == "swiglu":
                 ops.add("swiglu")
+            if layer.mixer in ("attention", "gated_attention"):
+                ops.add("rope_heads")
             if layer.mixer == "mamba":
                 ops.add("selective_scan")
             if layer.mixer == "gated_deltanet":

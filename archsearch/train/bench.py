@@ -243,12 +243,15 @@ def _vs_hf(configs: list[_Config], times: list[list[float]], i: int) -> float | 
     return statistics.median(theirs / ours for theirs, ours in zip(times[twins[0]], times[i]))
 
 
-def _cpu_kernel_ops(trials: list, indices: list[int]) -> list[str]:
-    """The ops of these trials that have a C++ kernel for CPU tensors."""
+def _cpu_kernel_ops(trials: list, indices: list[int]) -> tuple[list[str], list[str]]:
+    """The ops of these trials with a C++ kernel for CPU tensors: those that built here and
+    passed their check (building them on first call), and why each of the others did not."""
     from archsearch.arch.kernel_ops import kernels_used
     from archsearch_kernels import dispatch
 
-    return [op for op in kernels_used(trials[i].spec for i in indices) if op in dispatch.CPU_KERNELS]
+    ops = [op for op in kernels_used(trials[i].spec for i in indices) if op in dispatch.CPU_KERNELS]
+    built = [op for op in ops if dispatch.CPU_KERNELS[op].available()]
+    return built, [f"{op}: {dispatch.CPU_KERNELS[op].build_error()}" for op in ops if op not in built]
 
 
 def bench_trials(trials: list, indices: list[int], *, rounds: int = 5, warmup: int = 1, kernels: list[str] | None = None,
@@ -265,11 +268,12 @@ def bench_trials(trials: list, indices: list[int], *, rounds: int = 5, warmup: i
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if threads is not None:
         torch.set_num_threads(threads)
-    kernels = kernels or (["on", "off"] if dev.type == "cuda" or _cpu_kernel_ops(trials, indices) else ["off"])
-    if "on" in kernels and dev.type != "cuda" and not _cpu_kernel_ops(trials, indices):
-        raise ValueError("bench: --kernels on on a CPU times the compiled C++ kernels, and none of these trials runs "
-                         "an op that has one (the selective scan of Mamba does); use --kernels off, or a CUDA device "
-                         "for the Triton kernels")
+    built, not_built = _cpu_kernel_ops(trials, indices) if dev.type == "cpu" else ([], [])
+    kernels = kernels or (["on", "off"] if dev.type == "cuda" or built else ["off"])
+    if "on" in kernels and dev.type == "cpu" and not built:
+        why = f" ({'; '.join(not_built)})" if not_built else ""
+        raise ValueError(f"bench: --kernels on on a CPU times the compiled C++ kernels, and none that these trials "
+                         f"run builds here{why}; use --kernels off, or a CUDA device for the Triton kernels")
     if compile_backend is not None and compile_backend not in COMPILE_BACKENDS:
         raise ValueError(f"bench: --compile {compile_backend!r}: choose one of {', '.join(COMPILE_BACKENDS)}")
     autocast = dev.type == "cuda"

@@ -1,5 +1,7 @@
-"""RMSNorm: the PyTorch reference and the fused Triton kernel (forward and backward)."""
+"""RMSNorm: the PyTorch reference, the fused Triton kernel (CUDA) and the C++ CPU kernel (cpu.py,
+compiled on first use), each forward and backward."""
 
+from .cpu import rms_norm_cpu
 from .naive import rms_norm_naive
 
 
@@ -10,4 +12,4 @@ def rms_norm_triton(*args, **kwargs):
     return kernel(*args, **kwargs)
 
 
-__all__ = ["rms_norm_naive", "rms_norm_triton"]
+__all__ = ["rms_norm_cpu", "rms_norm_naive", "rms_norm_triton"]

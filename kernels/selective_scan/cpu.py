@@ -29,65 +29,29 @@ the result independent of how the work was scheduled.
 Delta's bias and softplus, the skip D u and the gate silu(z) are [B, E, T] elementwise work and
 stay in PyTorch around the kernel, differentiated by autograd.
 
-Building. The source below is compiled on first use by torch.utils.cpp_extension.load_inline
-(g++ and ninja; about a minute) into torch's extension cache (``TORCH_EXTENSIONS_DIR``, default
-``~/.cache/torch_extensions``), once per machine: the module name carries the CPU's vector
-capability and torch's version, so machines sharing a home folder, or torch upgrades, do not
-load a build made for another. Before its first use the build is checked against the
-reference on small odd shapes. If it does not compile or does not agree, `available()` is
-False, the reason is in `build_error()`, and dispatch falls back to the chunked PyTorch form
-(kernels/dispatch.py).
+Building: `SCAN` (kernels/cpu_build.py) compiles the source below on first use (about a minute),
+once per machine, and checks it against the reference on small odd shapes. If it does not
+compile or does not agree, `available()` is False, the reason is in `build_error()`, and
+dispatch falls back to the chunked PyTorch form (kernels/dispatch.py).
 """
 
 from __future__ import annotations
 
 import functools
-import re
-import threading
-import warnings
 
 import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
+from ..cpu_build import Extension, compare
+
 # channels per block of the backward's partial dB, dC sums: few blocks keep the final sum small
 BLOCK_E = 32
 
 SOURCE = r"""
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
-#include <cmath>
-#include <cstdint>
-#include <cstring>
-#include <vector>
-
 namespace {
 
-// exp for vector lanes: Cephes' expf. x = k ln2 + r, |r| <= ln2 / 2, exp(r) by a degree-6
-// polynomial, 2^k put straight into the exponent bits. Relative error under 1e-7 on
-// [-87, 88] (checked against double exp), exactly 1 at x = 0, 0 below -87.
-inline float exp_lane(float x) {
-  const float lo = -87.0f, hi = 88.0f;
-  float xc = x < lo ? lo : (x > hi ? hi : x);
-  // k = round(x / ln2) by the 1.5 * 2^23 shift (floor does not vectorise without -ffast-math)
-  const float shifter = 12582912.0f;
-  const float k = (xc * 1.44269504088896341f + shifter) - shifter;
-  float r = xc - k * 0.693359375f;
-  r = r + k * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  int32_t bits = (static_cast<int32_t>(k) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(float));
-  float out = p * scale;
-  out = x < lo ? 0.0f : out;
-  return x > hi ? INFINITY : out;
-}
+using archsearch_cpu::exp_lane;
 
 // the forward of one (batch, channel) from hs[0] = h0, keeping every state: hs[t + 1] = h_t
 void rerun(float* hs, const float* u, int64_t su, const float* delta, int64_t sd, const float* A,
@@ -234,38 +198,6 @@ std::vector<at::Tensor> scan_backward(at::Tensor u, at::Tensor delta, at::Tensor
 """
 
 # the vector extensions each capability torch reports may use (torch.backends.cpu.get_cpu_capability)
-ARCH_FLAGS = {
-    "AVX512": ["-mavx512f", "-mavx512dq", "-mavx512vl", "-mavx512bw", "-mavx2", "-mfma", "-mprefer-vector-width=512"],
-    "AVX2": ["-mavx2", "-mfma"],
-}
-
-_lock = threading.Lock()
-_state: dict[str, object] = {}
-
-
-def _capability() -> str:
-    try:
-        return torch.backends.cpu.get_cpu_capability()
-    except Exception:  # older torch: build for the baseline ISA
-        return "DEFAULT"
-
-
-def _build():
-    """Compile (or load the cached build of) the extension for this machine's vector capability."""
-    from torch.utils.cpp_extension import load_inline
-
-    capability = _capability()
-    flags = ["-O3", "-fopenmp", "-ffp-contract=fast", *ARCH_FLAGS.get(capability, [])]
-    # torch's cache rebuilds when the source or flags change, not when torch does: the version
-    # in the name keeps a build from being loaded into another torch's ABI
-    torch_version = re.sub(r"\W", "_", torch.__version__)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return load_inline(name=f"archsearch_selective_scan_{capability.lower()}_torch{torch_version}",
-                           cpp_sources=SOURCE, functions=["scan_forward", "scan_backward"],
-                           extra_cflags=flags, extra_ldflags=["-fopenmp"], verbose=False)
-
-
 def _self_check(module) -> str | None:
     """Run the build on small odd shapes against the reference; None if forward and gradients agree."""
     from .naive import selective_scan_naive
@@ -281,39 +213,27 @@ def _self_check(module) -> str | None:
         for fn in (selective_scan_naive, functools.partial(_scan, module)):
             y, last = fn(**leaves, delta_softplus=True, return_last_state=True)
             results.append((y, last, *torch.autograd.grad(y.sum() + last.square().sum(), list(leaves.values()))))
-    for name, want, got in zip(["y", "last_state", *leaves], *results):
-        error = (want - got).abs().max().item()
-        if not error <= 1e-4 * max(1.0, want.abs().max().item()):
-            return f"{name} differs from the reference by {error:.2e}"
-    return None
+    return compare(["y", "last_state", *leaves], *results)
+
+
+SCAN = Extension("selective_scan")
+SCAN.add("selective_scan", SOURCE, ["scan_forward", "scan_backward"], _self_check,
+         fallback="the chunked PyTorch form")
 
 
 def load():
     """The compiled module, building and checking it on first call; None if it cannot be used here."""
-    with _lock:
-        if "module" not in _state:
-            module, error = None, None
-            try:
-                module = _build()
-                error = _self_check(module)
-            except Exception as err:  # no compiler, a failed build, a broken toolchain: use PyTorch
-                error = f"{type(err).__name__}: {str(err).strip().splitlines()[-1] if str(err).strip() else ''}"
-            if error is not None:
-                warnings.warn(f"selective_scan: the C++ CPU kernel is not used ({error}); "
-                              "falling back to the chunked PyTorch form", RuntimeWarning, stacklevel=3)
-                module = None
-            _state["module"], _state["error"] = module, error
-        return _state["module"]
+    return SCAN.module("selective_scan")
 
 
 def available() -> bool:
     """Whether the C++ kernel compiled here and agrees with the reference (builds it on first call)."""
-    return load() is not None
+    return SCAN.available("selective_scan")
 
 
 def build_error() -> str | None:
     """Why the kernel is not used, after `load`; None when it is (or before the first try)."""
-    return _state.get("error")  # type: ignore[return-value]
+    return SCAN.build_error("selective_scan")
 
 
 class _Scan(torch.autograd.Function):

@@ -1,5 +1,7 @@
-"""SwiGLU's gating product silu(gate) * up: the PyTorch reference and the fused Triton kernel."""
+"""SwiGLU's gating product silu(gate) * up: the PyTorch reference, the fused Triton
+kernel (CUDA) and the C++ CPU kernel (cpu.py, compiled on first use)."""
 
+from .cpu import swiglu_cpu
 from .naive import swiglu_naive
 
 
@@ -10,4 +12,4 @@ def swiglu_triton(*args, **kwargs):
     return kernel(*args, **kwargs)
 
 
-__all__ = ["swiglu_naive", "swiglu_triton"]
+__all__ = ["swiglu_cpu", "swiglu_naive", "swiglu_triton"]

@@ -50,16 +50,9 @@ def seed():
     torch.manual_seed(0)
 
 
-@pytest.fixture
-def triton_kernels(monkeypatch):
-    """Run Triton kernels on this machine: on a CPU through Triton's interpreter, with every
-    buffer from torch.empty / empty_like filled with NaN, so an element a kernel forgets to
-    write shows up as NaN in the agreement check. Skips when triton is not installed.
-
-    TRITON_INTERPRET is read when triton is first imported, so the kernel test modules set it
-    at their top, before anything imports triton.
-    """
-    pytest.importorskip("triton")
+def poison_empty(monkeypatch) -> None:
+    """Fill every buffer from torch.empty / empty_like with NaN, so an element a kernel forgets
+    to write shows up as NaN in the agreement check (the kernels allocate their outputs there)."""
     empty, empty_like = torch.empty, torch.empty_like
 
     def poisoned(make):
@@ -70,4 +63,17 @@ def triton_kernels(monkeypatch):
 
     monkeypatch.setattr(torch, "empty", poisoned(empty))
     monkeypatch.setattr(torch, "empty_like", poisoned(empty_like))
+
+
+@pytest.fixture
+def triton_kernels(monkeypatch):
+    """Run Triton kernels on this machine: on a CPU through Triton's interpreter, with every
+    buffer from torch.empty / empty_like filled with NaN (`poison_empty`). Skips when triton
+    is not installed.
+
+    TRITON_INTERPRET is read when triton is first imported, so the kernel test modules set it
+    at their top, before anything imports triton.
+    """
+    pytest.importorskip("triton")
+    poison_empty(monkeypatch)
     return "cuda" if torch.cuda.is_available() else "cpu"

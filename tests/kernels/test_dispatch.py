@@ -147,7 +147,7 @@ def test_study_preflight_records_the_failure_in_the_store(tmp_path, monkeypatch,
 
     monkeypatch.setenv(dispatch.MODE_VAR, "triton")
     specs = [tiny_spec("attention", "swiglu"), tiny_spec("attention", "swiglu")]
-    assert kernels_used(specs) == ["linear_cross_entropy", "rms_norm", "swiglu"]
+    assert kernels_used(specs) == ["linear_cross_entropy", "rms_norm", "rope_heads", "swiglu"]
     assert "selective_scan" in kernels_used([tiny_spec("mamba", "none")])
     assert {"gated_delta_rule", "gated_delta_rule_chunked"} <= set(kernels_used([tiny_spec("gated_deltanet", "none")]))
     wrong = (lambda gate, up: gate * up, dispatch.PAIRS["swiglu"][1])

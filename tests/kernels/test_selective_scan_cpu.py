@@ -137,14 +137,14 @@ def test_mamba_layer_with_skipped_tokens_is_the_same_on_the_cpp_and_pytorch_path
 def test_a_failed_build_falls_back_to_pytorch_with_a_warning(monkeypatch):
     """Simulated: the compiler fails. auto warns once and runs the chunked form; cpp raises;
     the kernel is not retried in this process."""
-    monkeypatch.setattr(cpu, "_state", {})
+    monkeypatch.setattr(cpu.SCAN, "_state", {})
     attempts = []
 
     def broken_build():
         attempts.append(1)
         raise RuntimeError("Error building extension 'archsearch_selective_scan'\ng++: fatal error: killed")
 
-    monkeypatch.setattr(cpu, "_build", broken_build)
+    monkeypatch.setattr(cpu.SCAN, "_compile", broken_build)
     inputs = {name: x.detach() for name, x in make_inputs(Shape(2, 5, 3, 9, 0)).items()}
     with pytest.warns(RuntimeWarning, match="C\\+\\+ CPU kernel is not used .*killed.*chunked PyTorch"):
         assert not dispatch.use_cpp("selective_scan", "cpu")
@@ -171,8 +171,8 @@ def test_a_build_that_disagrees_with_the_reference_is_not_used(monkeypatch):
         def scan_backward(self, *args):
             return module.scan_backward(*args)
 
-    monkeypatch.setattr(cpu, "_state", {})
-    monkeypatch.setattr(cpu, "_build", Wrong)
+    monkeypatch.setattr(cpu.SCAN, "_state", {})
+    monkeypatch.setattr(cpu.SCAN, "_compile", Wrong)
     with pytest.warns(RuntimeWarning, match="y differs from the reference"):
         assert not cpu.available()
 

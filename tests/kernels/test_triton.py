@@ -64,11 +64,19 @@ def test_swiglu_matches_reference(shape, triton_kernels):
     assert_grads_agree(swiglu_naive(**inputs), swiglu_triton(**inputs), inputs)
 
 
-def test_swiglu_reads_the_halves_of_one_projection(triton_kernels):
-    """gate and up as the two halves of one [.., 2F] tensor (strided views, not copies)."""
-    fused = leaves(triton_kernels, gate_up=torch.randn(2, 5, 2 * 9))
+@pytest.mark.parametrize("width", [9, 1030], ids=["F9", "F1030-two-blocks"])
+def test_swiglu_reads_the_halves_of_one_projection(width, triton_kernels, monkeypatch):
+    """gate and up as the two halves of one [.., 2F] tensor (strided views, not copies): the
+    packed path runs, and writes the whole tensor's gradient in one buffer."""
+    from archsearch_kernels.swiglu import kernel
+
+    packed = []
+    real = kernel._SwiGLUPacked.apply
+    monkeypatch.setattr(kernel._SwiGLUPacked, "apply", lambda *a: packed.append(1) or real(*a))
+    fused = leaves(triton_kernels, gate_up=torch.randn(2, 5, 2 * width))
     ref = swiglu_naive(*fused["gate_up"].chunk(2, dim=-1))
     out = swiglu_triton(*fused["gate_up"].chunk(2, dim=-1))
+    assert packed == [1]
     assert_grads_agree(ref, out, fused)
 
 

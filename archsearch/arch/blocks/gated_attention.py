@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from archsearch_kernels.dispatch import rope_heads
+from archsearch_kernels.rope import rope_tables
 from torch import nn
 
-from archsearch.arch.blocks.attention import apply_rope, rope_tables
 from archsearch.arch.blocks.gated_attention_counts import (  # the formulas, beside the module
     GATES,
     flops,
@@ -49,9 +50,8 @@ class GatedAttention(nn.Module):
         B, T, D = x_BTD.shape
         H, K, G = self.num_heads, self.head_dim, self.gate_width
         qkv_BTX, gate_BTX = self.wqkvg(x_BTD).split([3 * D, H * G], dim=-1)
-        q_BHTK, k_BHTK, v_BHTK = qkv_BTX.view(B, T, 3, H, K).permute(2, 0, 3, 1, 4).unbind(0)
         cos_TK, sin_TK = rope_tables(T, K, self.theta, x_BTD.device)
-        q_BHTK, k_BHTK = apply_rope(q_BHTK, cos_TK, sin_TK), apply_rope(k_BHTK, cos_TK, sin_TK)
+        q_BHTK, k_BHTK, v_BHTK = rope_heads(qkv_BTX, H, cos_TK, sin_TK)
         y_BHTK = F.scaled_dot_product_attention(q_BHTK, k_BHTK, v_BHTK, is_causal=True)
         # G = 1 broadcasts one gate over the head's K channels
         gate_BHTG = gate_BTX.view(B, T, H, G).transpose(1, 2)
