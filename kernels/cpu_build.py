@@ -21,6 +21,7 @@ leaves every loop that calls it scalar (checked with -fopt-info-vec: 2x on SwiGL
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import sys
@@ -127,7 +128,8 @@ class Extension:
         sources = [PRELUDE, *(part.source for part in self._parts.values())]
         functions = [name for part in self._parts.values() for name in part.functions]
         name = f"archsearch_{self.name}_{isa.lower()}_torch{torch_version}"
-        if not os.path.exists(os.path.join(get_default_build_root(), name, f"{name}.so")):
+        # torch names a rebuild after a source change {name}_v1.so, _v2 ...: any build there means a load
+        if not glob.glob(os.path.join(get_default_build_root(), name, f"{name}*.so")):
             print(f"archsearch: compiling the C++ CPU kernels of {', '.join(self._parts)} for this machine, "
                   "once (under a minute)", file=sys.stderr, flush=True)
         with warnings.catch_warnings():
