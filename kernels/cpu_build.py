@@ -128,8 +128,9 @@ class Extension:
         sources = [PRELUDE, *(part.source for part in self._parts.values())]
         functions = [name for part in self._parts.values() for name in part.functions]
         name = f"archsearch_{self.name}_{isa.lower()}_torch{torch_version}"
-        # torch names a rebuild after a source change {name}_v1.so, _v2 ...: any build there means a load
-        if not glob.glob(os.path.join(get_default_build_root(), name, f"{name}*.so")):
+        # torch builds under {root}/py311_cpu/{name}/ and names a rebuild after a source change
+        # {name}_v1.so, _v2 ...: any build there means a load, not a compile
+        if not glob.glob(os.path.join(get_default_build_root(), "*", name, f"{name}*.so")):
             print(f"archsearch: compiling the C++ CPU kernels of {', '.join(self._parts)} for this machine, "
                   "once (under a minute)", file=sys.stderr, flush=True)
         with warnings.catch_warnings():
