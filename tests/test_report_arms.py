@@ -131,3 +131,16 @@ def test_a_scaling_fit_is_one_arms_never_a_pool_of_arms():
         line = lines[f"taper.shape={shape} fit"]
         assert line.x[0] == pytest.approx(sizes[0]) and line.x[-1] == pytest.approx(2 * sizes[-1])
         assert line.y[0] == pytest.approx(2 + scale * sizes[0] ** -0.3, rel=0.01)
+
+
+def test_archsearch_fit_says_when_a_family_fit_runs_over_several_arms():
+    """``fit`` by family over two taper schedules fits one law and says it
+    pools 2 arms; by the axis that tells them apart, each arm's own, no note."""
+    from archsearch.analysis import fit_scaling
+
+    rows = rows_of({"uniform": ([1_000, 2_000, 4_000, 8_000], 3.0), "cosine": ([1_000, 2_000, 4_000, 8_000], 6.0)})
+    pooled = fit_scaling(rows, laws=("N",), by="family", d_col=None, bootstrap=5)
+    assert [f.group for f in pooled.fits] == ["transformer"]
+    assert any(n.startswith("transformer: one fit over 2 arms (they differ in taper.shape)") for n in pooled.notes)
+    apart = fit_scaling(rows, laws=("N",), by="taper.shape", d_col=None, bootstrap=5)
+    assert sorted(f.group for f in apart.fits) == ["cosine", "uniform"] and not apart.notes
