@@ -25,6 +25,7 @@ from archsearch.cli_common import (
     DEFAULT_STORE,
     _fail,
     _writing,
+    leave_now,
     user_errors,
 )
 
@@ -461,5 +462,16 @@ def bench(study: StudyArg,
     bench_table(loaded.name, result)
 
 
+def entry() -> None:
+    """The ``archsearch`` console script and ``python -m archsearch.cli``: the
+    command, then a prompt exit with its status (``cli_common.leave_now``).
+    Tests call ``app`` in-process (CliRunner), never this."""
+    try:
+        app()
+    except SystemExit as stop:
+        leave_now(stop.code)
+        raise
+
+
 if __name__ == "__main__":
-    app()
+    entry()

@@ -26,8 +26,8 @@ from archsearch_dashboards.arms import (
     arm_bests,
     arm_colours,
     _arms,
+    axis_text,
     decoded,
-    group_label,
     group_labels,
     PALETTE,
     _rank,
@@ -64,13 +64,19 @@ def _hover(row: dict, label: str) -> str:
 
 
 def scaling_figure(rows: list[dict], *, x: str = "params", y: str = "val_loss", bootstrap: int = 100) -> go.Figure:
-    """``y`` against ``x`` on log-log axes, one colour per arm, with fitted
-    L(N) = E + A / N^alpha lines and their 95% confidence bands (bootstrap)
-    out to twice the largest size: one per arm with 4 or more sizes, else one
-    per family (pooling its arms, in grey) where the family has enough."""
+    """``y`` against ``x`` on log-log axes, one colour per arm, each arm with
+    its own fitted L(N) = E + A / N^alpha line and 95% confidence band
+    (bootstrap) out to twice its largest size.
+
+    A fit is over one arm's trials only: arms of different families, axes or
+    protocols follow different laws, and a line through several of them
+    would be no scaling law at all. An arm too small to fit (L(N) has three
+    parameters: 4 trials at 3 or more sizes) gets no line; the subtitle
+    names it and says why.
+    """
     _, groups = _arms(rows)
     colours = arm_colours(rows)
-    fits = _fits(groups, x=x, y=y, bootstrap=bootstrap)
+    fits, unfitted = _fits(groups, x=x, y=y, bootstrap=bootstrap)
     shown = {r["trial_id"] for r in sample_rows(rows)}
     fig = go.Figure()
     for label, members in groups.items():
@@ -80,25 +86,50 @@ def scaling_figure(rows: list[dict], *, x: str = "params", y: str = "val_loss", 
             legendgroup=text(label), marker=dict(color=colours[label], size=9),
             text=[_hover(r, label) for r in members], hovertemplate="%{text}<extra></extra>"))
         if label in fits:
-            _add_fit(fig, fits[label], name=text(label), colour=colours[label], legend=False)
-    unfitted = [r for label, members in groups.items() if label not in fits for r in members]
-    families: dict[str, list[dict]] = defaultdict(list)
-    for row in unfitted:
-        families[f"family {row.get('family', 'all')}"].append(row)
-    for label, fit in _fits(families, x=x, y=y, bootstrap=bootstrap).items():
-        _add_fit(fig, fit, name=f"{text(label)} fit", colour="#555555", legend=True)
+            _add_fit(fig, fits[label], name=text(label), colour=colours[label])
     fig.update_xaxes(type="log", title=_title(x))
     fig.update_yaxes(type="log", title=_title(y))
     sampled = max(len(m) for m in groups.values()) > MAX_FIT_POINTS
     fitted = f", fitted on {MAX_FIT_POINTS} trials of each larger arm" if sampled else ""
-    fig.update_layout(title=f"Scaling: {_title(y)} vs {_title(x)} (dotted: fitted L(N), band: 95% interval"
-                            f"{fitted}){_drawn(len(shown), len(rows), front=False)}",
+    note = _unfitted_note(unfitted, len(groups))
+    fig.update_layout(title=f"Scaling: {_title(y)} vs {_title(x)} (dotted: each arm's fitted L(N), band: 95% "
+                            f"interval{fitted}){_drawn(len(shown), len(rows), front=False)}"
+                            + (f"<br><sup>{note}</sup>" if note else ""),
                       template=TEMPLATE, legend_title="arm")
     return fig
 
 
-def _add_fit(fig: go.Figure, fit, *, name: str, colour: str, legend: bool) -> None:
-    """A fitted law's line and confidence band, in ``colour``, grouped with ``name`` in the legend."""
+# The arms a scaling plot's subtitle names when some have no fit (the rest are counted).
+MAX_NAMED_UNFITTED = 3
+
+
+def _unfitted_note(unfitted: dict[str, tuple[int, int] | str], arms: int) -> str:
+    """The subtitle on arms without a fitted line (escaped): how many are too
+    small for L(N) and why, naming a few; and each fit that failed, with its reason."""
+    small = {label: why for label, why in unfitted.items() if isinstance(why, tuple)}
+    failed = {label: why for label, why in unfitted.items() if isinstance(why, str)}
+    parts = []
+    if small:
+        part = f"no fit for {len(small)} of {arms} arms: L(N) needs 4 trials at 3 or more sizes"
+        if len(small) <= MAX_NAMED_UNFITTED:
+            part += "; " + ", ".join(f"{text(label)} has {_count(n, 'trial')} at {_count(sizes, 'size')}"
+                                     for label, (n, sizes) in small.items())
+        else:
+            part += f" (these have at most {_count(max(sizes for _, sizes in small.values()), 'size')})"
+        parts.append(part)
+    for label, why in list(failed.items())[:MAX_NAMED_UNFITTED]:
+        parts.append(f"no fit for {text(label)}: {text(why)}")
+    if len(failed) > MAX_NAMED_UNFITTED:
+        parts.append(f"and {len(failed) - MAX_NAMED_UNFITTED} more fits failed")
+    return "; ".join(parts)
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"
+
+
+def _add_fit(fig: go.Figure, fit, *, name: str, colour: str) -> None:
+    """A fitted law's line and confidence band, in ``colour``, grouped with arm ``name`` in the legend."""
     grid, (value, low, high) = _band(fit)
     alpha = fit.estimates["alpha"]
     if low is not None:  # no band without a bootstrap
@@ -107,7 +138,7 @@ def _add_fit(fig: go.Figure, fit, *, name: str, colour: str, legend: bool) -> No
                                  showlegend=False, hoverinfo="skip", name=f"{name} band"))
     fig.add_trace(go.Scatter(
         x=grid, y=value, mode="lines", line=dict(color=colour, dash="dot"),
-        legendgroup=name, showlegend=legend, name=name if legend else f"{name} fit",
+        legendgroup=name, showlegend=False, name=f"{name} fit",
         hovertemplate=f"{name}<br>E + A/N^α: α={alpha.value:.3f}, E={fit.estimates['E'].value:.3f}"
                       "<br>N=%{x:,.0f}: %{y:.4f}<extra></extra>"))
 
@@ -139,28 +170,34 @@ def _band(fit) -> tuple[np.ndarray, tuple]:
 _BANDS: dict[int, tuple] = {}
 
 
-def _fits(groups: dict[str, list[dict]], *, x: str, y: str, bootstrap: int) -> dict[str, object]:
-    out = {}
+def _fits(groups: dict[str, list[dict]], *, x: str, y: str, bootstrap: int) -> tuple[dict, dict]:
+    """Each arm's L(N) fit by label, and why each arm without one has none:
+    its (trials, sizes) when too few for the law, else the fit's error."""
+    out, unfitted = {}, {}
     for label, members in groups.items():
         # as fit_scaling does: trials without a finite loss are left out
         members = [r for r in members if r.get(y) is not None and math.isfinite(r[y]) and math.isfinite(r[x])]
         if len(members) > MAX_FIT_POINTS:  # a fixed sample, as in ``sample_rows``
             members = heapq.nsmallest(MAX_FIT_POINTS, members, key=lambda r: _rank(r["trial_id"]))
         points = tuple(sorted((float(r[x]), float(r[y])) for r in members))
-        if len(points) < 4 or len({n for n, _ in points}) < 3:  # L(N) has 3 parameters
+        sizes = len({n for n, _ in points})
+        if len(points) < 4 or sizes < 3:  # L(N) has 3 parameters
+            unfitted[label] = (len(points), sizes)
             continue
         key = (points, bootstrap)
         if key not in _FIT_CACHE:
             try:
                 # grid=False: a scan over alpha finds the grid's optimum, some 40x faster (docs/performance.md)
-                sizes, losses = np.array(points).T
-                fit = fit_law({"N": sizes}, losses, "N", bootstrap=bootstrap, grid=False)
-            except ValueError:  # too few distinct sizes, or sizes that do not identify the law
-                fit = None
+                sizes_P, losses_P = np.array(points).T
+                fit = fit_law({"N": sizes_P}, losses_P, "N", bootstrap=bootstrap, grid=False)
+            except ValueError as err:  # sizes that do not identify the law
+                fit = str(err)
             _keep(_FIT_CACHE, key, fit)
-        if _FIT_CACHE[key] is not None:
+        if isinstance(_FIT_CACHE[key], str):
+            unfitted[label] = _FIT_CACHE[key]
+        else:
             out[label] = _FIT_CACHE[key]
-    return out
+    return out, unfitted
 
 
 def pareto_figure(rows: list[dict], *, objectives: list[tuple[str, str]]) -> go.Figure:
@@ -200,6 +237,8 @@ def parallel_figure(rows: list[dict]) -> go.Figure:
     dimensions = []
     for axis in axes:
         values = [r["axes"].get(axis) for r in rows]
+        if axis == "arm":  # a protocol's baselines: which protocol (``arms.axis_text``)
+            values = [None if v is None else axis_text(r, axis) for r, v in zip(rows, values)]
         if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
             dimensions.append(dict(label=text(axis), values=values))
             continue
@@ -228,17 +267,17 @@ def thin(points: list[dict], limit: int = MAX_CURVE_POINTS) -> list[dict]:
 
 def curves_figure(rows: list[dict], metrics: list[dict]) -> go.Figure:
     """Validation loss against tokens for every trial, coloured by arm (curves thinned, see ``thin``)."""
-    axes = varying_axes(rows)
     colours = arm_colours(rows)
     by_id = {r["trial_id"]: r for r in rows}
+    label_of = dict(zip(by_id, group_labels(rows, varying_axes(rows))))
     by_trial: dict[str, list[dict]] = defaultdict(list)
     for m in metrics:
         if m["trial_id"] in by_id and m.get("val_loss") is not None:
             by_trial[m["trial_id"]].append(m)
     fig = go.Figure()
     shown: set[str] = set()
-    for trial_id in sorted(by_trial, key=lambda t: (group_label(by_id[t], axes), by_id[t]["params"])):
-        row, label = by_id[trial_id], group_label(by_id[trial_id], axes)
+    for trial_id in sorted(by_trial, key=lambda t: (label_of[t], by_id[t]["params"])):
+        row, label = by_id[trial_id], label_of[trial_id]
         points = thin(sorted(by_trial[trial_id], key=lambda m: m["step"]))
         fig.add_trace(go.Scatter(
             x=[m["tokens"] for m in points], y=[m["val_loss"] for m in points], mode="lines",

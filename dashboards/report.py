@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import plotly.graph_objects as go
-from archsearch_dashboards.arms import arm_bests, decoded, group_labels, varying_axes
+from archsearch_dashboards.arms import arm_bests, axis_text, decoded, group_labels, varying_axes
 from archsearch_dashboards.figures import (
     MAX_CURVE_POINTS,
     comparison_figure,
@@ -193,7 +193,7 @@ def _table(rows: list[dict]) -> str:
     listed = table_rows(rows, front)
     for r in listed:
         widths = [layer["mlp_width"] for layer in decoded(r["spec"])["layers"]]
-        cells = [r["trial_id"], *(r["axes"].get(a) for a in axes), f"{r['params']:,}",
+        cells = [r["trial_id"], *(axis_text(r, a) for a in axes), f"{r['params']:,}",
                  f"{r['match_error']:+.2%}", r["d_model"], widths, f"{r['val_loss']:.4f}",
                  f"{r['tokens_per_s']:,.0f}", "yes" if r["trial_id"] in front else ""]
         lines.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")

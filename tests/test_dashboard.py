@@ -28,14 +28,16 @@ def store(tmp_path_factory):
 
 
 def test_every_view_is_drawn_with_fits_and_a_filter_by_family_changes_them(store):
-    """All 15 trials in every view; the scaling plot carries a fitted line and
-    band per family; choosing the hybrid family leaves only its 2 arms and
-    its 6 curves, labelled by the one axis that still varies. Fails if the family filter is ignored in ``filter_rows``."""
+    """All 15 trials in every view; the scaling plot draws no line through
+    arms of 3 trials each (never one pooled over a family's arms) and says
+    why; choosing the hybrid family leaves only its 2 arms and its 6 curves,
+    labelled by the one axis that still varies. Fails if the family filter is ignored in ``filter_rows``."""
     view = refresh(store)
     assert view["summary"].startswith("15 of 15") and view["families"] == ["hybrid", "transformer"]
     assert set(view["figures"]) == set(VIEWS) and all(view["figures"][name].data for name in VIEWS)
-    scaling = [d.name for d in view["figures"]["scaling"].data]
-    assert {"family hybrid fit", "family transformer fit", "family hybrid fit band"} <= set(scaling)
+    scaling = view["figures"]["scaling"]
+    assert all(d.mode == "markers" for d in scaling.data) and len(scaling.data) == 5
+    assert "no fit for 5 of 5 arms: L(N) needs 4 trials at 3 or more sizes" in scaling.layout.title.text
     assert len(view["figures"]["curves"].data) == 15
 
     hybrid = refresh(store, families=["hybrid"])
@@ -154,7 +156,7 @@ def test_report_json_views_are_the_apps(store, tmp_path):
         page = write_report(db, tmp_path / "r.html").read_text()
     for name in VIEWS:
         assert f'id="view-{name}"' in page
-    assert json.dumps("family hybrid fit") in page
+    assert "no fit for 5 of 5 arms" in page
 
 
 def test_curves_are_thinned_in_the_store_and_capped_to_the_best_of_each_arm(tmp_path):

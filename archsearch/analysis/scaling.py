@@ -8,12 +8,14 @@ or 6 N D otherwise.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
+from archsearch.analysis.compare import varying_axes
 from archsearch.analysis.fit import ScalingFit, compute_multiplier, fit_law, law_named
 from archsearch.analysis.pareto import Front, pareto, parse_objectives
 from archsearch.analysis.tables import as_table, decoded_rows, group_labels, numeric_column
@@ -82,7 +84,32 @@ def fit_scaling(data: Any, *, laws: Sequence[str] = ("N", "C", "ND"), by: str | 
     if not fits:
         reasons = "; ".join(dict.fromkeys(s["reason"] for s in skipped)) or f"no rows with a {loss_col}"
         raise ValueError(f"nothing to fit: {reasons}")
-    return Fits(fits=fits, skipped=skipped, notes=notes)
+    return Fits(fits=fits, skipped=skipped, notes=notes + _pooled_arms(table, labels, {f.group for f in fits}))
+
+
+def _pooled_arms(table, labels: np.ndarray, groups: set[str]) -> list[str]:
+    """A note for each fitted group that holds several arms of a store: rows
+    whose axes (a swept lr aside) or match kind differ, such as a family's
+    taper schedules, or a looped arm beside its iso-param and iso-FLOP
+    baselines. One law over them is a trend across architectures, not any
+    one's scaling law."""
+    if "axes" not in table.column_names:
+        return []
+    axes = [{k: v for k, v in (json.loads(a) if isinstance(a, str) else a or {}).items() if k != "lr"}
+            for a in table.column("axes").to_pylist()]
+    match = table.column("match").to_pylist() if "match" in table.column_names else [None] * len(axes)
+    notes = []
+    for group in sorted(groups):
+        rows = np.flatnonzero(labels == group)
+        arms = {(json.dumps(axes[i], sort_keys=True, default=str), match[i]) for i in rows}
+        if len(arms) < 2:
+            continue
+        differ = varying_axes([axes[i] for i in rows])
+        if len({match[i] for i in rows}) > 1:
+            differ.append("match")
+        notes.append(f"{group}: one fit over {len(arms)} arms (they differ in {', '.join(differ)}), a trend "
+                     "across them rather than one arm's scaling law; --by an axis of theirs fits each apart")
+    return notes
 
 
 def extrapolated_front(data: Any, objectives: str | Sequence[tuple[str, str]], scale: float, *,

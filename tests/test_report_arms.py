@@ -1,0 +1,146 @@
+"""Arms a reader can tell apart, and scaling laws fitted one arm at a time.
+
+A looped point run under both protocols into one store has two baselines
+with the same axes (``arm: baseline``): every view names them by protocol
+and model, from the ``match`` and spec the store keeps. A scaling fit never
+runs through several arms: an arm too small for L(N) gets no line and the
+plot says so. No torch, no Ray: stores and rows written by hand.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from archsearch_dashboards.app import refresh
+from archsearch_dashboards.arms import arm_colours, group_labels, varying_axes
+from archsearch_dashboards.figures import parallel_figure, scaling_figure
+from archsearch_dashboards.report import completed_rows, write_report
+from tests.dashboard_support import result, spec, trial
+
+import archsearch as A
+
+ISO_PARAM = "arm=baseline (iso-param: 2-layer stack)"
+ISO_FLOP = "arm=baseline (iso-FLOP: 4-layer stack)"
+
+
+def protocol_store(path) -> None:
+    """One looped point (2 layers looped twice) with its looped arm and both
+    protocols' baselines (the same 2 layers once; 2 x 2 distinct layers), as
+    two runs of one study with budget.protocol iso_param and iso_flop store
+    them, at 3 seeds each."""
+    axes = {"loops": 2, "arm": "baseline"}
+    arms = [("looped", dict(axes, arm="looped"), "params", spec("hybrid", [32, 32], loops=2), 2.5),
+            ("param", axes, "iso_param", spec("hybrid", [40, 40]), 2.7),
+            ("flop", axes, "iso_flop", spec("hybrid", [24, 24, 24, 24]), 2.4)]
+    planned, losses = [], {}
+    for name, arm_axes, match, arm_spec, loss in arms:
+        for seed in range(3):
+            row = trial(f"{name}-{seed}", family="looped", axes=arm_axes, params=20_000 + seed)
+            row.update(match=match, seed=seed, spec=arm_spec)
+            planned.append(row)
+            losses[row["trial_id"]] = loss + seed / 100
+    with A.open_store(path) as store:
+        store.add_study(name="loop", path="loop.yaml", config={})
+        store.add_trials("loop", planned)
+        for trial_id, loss in losses.items():
+            store.finish(trial_id, result(loss))
+
+
+def test_iso_param_and_iso_flop_baselines_are_two_arms_in_every_view(tmp_path):
+    """The two baselines of one point get two labels, colours, legend entries,
+    bars and table cells that say which protocol and what model; filtered to
+    the baselines alone (``arm`` no longer varies) they still differ. Fails
+    on the old labels, which named both ``arm=baseline`` (and, filtered, both ``looped``)."""
+    path = tmp_path / "p.duckdb"
+    protocol_store(path)
+    with A.open_store(path, read_only=True) as db:
+        rows = completed_rows(db, None)
+        page = write_report(db, tmp_path / "p.html").read_text()
+    labels = set(group_labels(rows, varying_axes(rows)))
+    assert labels == {"arm=looped", ISO_PARAM, ISO_FLOP}
+    assert len(set(arm_colours(rows).values())) == 3
+
+    figures = refresh(path)["figures"]
+    for name in ("scaling", "pareto"):
+        assert {d.name for d in figures[name].data} - {"Pareto front"} == labels, name
+    assert {d.name for d in figures["curves"].data} == labels
+    assert set(figures["comparison"].data[0].x) == labels
+    arm_axis = next(d for d in parallel_figure(rows).data[0].dimensions if d.label == "arm")
+    assert set(arm_axis.ticktext) == {"looped", "baseline (iso-param: 2-layer stack)",
+                                      "baseline (iso-FLOP: 4-layer stack)"}
+    assert "<td>baseline (iso-param: 2-layer stack)</td>" in page
+    assert "<td>baseline (iso-FLOP: 4-layer stack)</td>" in page
+
+    baselines = refresh(path, axis="arm", values=["baseline"])["figures"]["pareto"]
+    assert {d.name for d in baselines.data} - {"Pareto front"} == {"baseline (iso-param: 2-layer stack)",
+                                                                    "baseline (iso-FLOP: 4-layer stack)"}
+
+
+def test_a_universal_baseline_says_its_steps_and_arms_alike_but_for_their_match_are_told_apart():
+    """HRM's baseline is a Universal Transformer over N x T steps; two
+    transformers with one axes dict, matched on parameters and on FLOPs
+    (two runs of a study into one store), are two arms."""
+    universal = json.dumps({"family": "universal", "structure": "universal", "options": {"steps": 8},
+                            "layers": [{"mlp_width": 32}] * 4})
+    hrm_axes = {"family": "hrm", "arm": "baseline"}
+    rows = [dict(trial_id="ut", family="universal", axes=hrm_axes, match="iso_flop", spec=universal),
+            dict(trial_id="hrm", family="hrm", axes=dict(hrm_axes, arm="hrm"), match="params", spec="{}")]
+    assert set(group_labels(rows, varying_axes(rows))) == {
+        "arm=baseline (iso-FLOP: Universal Transformer, 4 layers x 8 steps)", "arm=hrm"}
+
+    axes = {"family": "transformer", "num_layers": 4}
+    rows = [dict(trial_id=m, family="transformer", axes=axes, match=m, spec="{}") for m in ("params", "flops")]
+    assert group_labels(rows, varying_axes(rows)) == ["transformer (matched on params)",
+                                                      "transformer (matched on flops)"]
+
+
+def rows_of(arms: dict[str, tuple[list[int], float]], seeds: int = 2) -> list[dict]:
+    """Completed transformer rows: per taper shape, trials at each of its
+    sizes (``seeds`` each) on the law 2 + scale * N^-0.3."""
+    layers = json.dumps({"family": "transformer", "layers": [{"mixer": "attention", "mlp_width": 32}]})
+    out = []
+    for shape, (sizes, scale) in arms.items():
+        axes = {"family": "transformer", "taper.shape": shape}
+        for size in sizes:
+            for seed in range(seeds):
+                out.append(dict(trial_id=f"{shape}-{size}-{seed}", family="transformer", axes=axes, params=size,
+                                target=size, match="params", achieved=size, match_error=0.0, d_model=16,
+                                num_layers=1, val_loss=2 + scale * size ** -0.3 * (1 + seed / 1000),
+                                tokens_per_s=1.0, spec=layers))
+    return out
+
+
+def test_a_scaling_fit_is_one_arms_never_a_pool_of_arms():
+    """Two arms of one family at 2 sizes each: together 4 sizes, enough for
+    L(N), but no line is drawn through them and the title says why. With 4
+    sizes each, each arm gets its own line, over its own sizes, through its
+    own losses. Fails on the old figure, which fitted a family's unfitted arms together."""
+    small = scaling_figure(rows_of({"uniform": ([1_000, 2_000], 3.0), "cosine": ([8_000, 16_000], 6.0)}),
+                           bootstrap=5)
+    assert all(d.mode == "markers" for d in small.data)
+    assert ("no fit for 2 of 2 arms: L(N) needs 4 trials at 3 or more sizes; taper.shape=cosine has 4 trials "
+            "at 2 sizes, taper.shape=uniform has 4 trials at 2 sizes") in small.layout.title.text
+
+    arms = {"uniform": ([1_000, 2_000, 4_000, 8_000], 3.0), "cosine": ([16_000, 32_000, 64_000, 128_000], 6.0)}
+    fitted = scaling_figure(rows_of(arms), bootstrap=5)
+    lines = {d.name: d for d in fitted.data if d.mode == "lines" and d.name.endswith(" fit")}
+    assert set(lines) == {"taper.shape=uniform fit", "taper.shape=cosine fit"}
+    assert "no fit" not in fitted.layout.title.text
+    for shape, (sizes, scale) in arms.items():
+        line = lines[f"taper.shape={shape} fit"]
+        assert line.x[0] == pytest.approx(sizes[0]) and line.x[-1] == pytest.approx(2 * sizes[-1])
+        assert line.y[0] == pytest.approx(2 + scale * sizes[0] ** -0.3, rel=0.01)
+
+
+def test_archsearch_fit_says_when_a_family_fit_runs_over_several_arms():
+    """``fit`` by family over two taper schedules fits one law and says it
+    pools 2 arms; by the axis that tells them apart, each arm's own, no note."""
+    from archsearch.analysis import fit_scaling
+
+    rows = rows_of({"uniform": ([1_000, 2_000, 4_000, 8_000], 3.0), "cosine": ([1_000, 2_000, 4_000, 8_000], 6.0)})
+    pooled = fit_scaling(rows, laws=("N",), by="family", d_col=None, bootstrap=5)
+    assert [f.group for f in pooled.fits] == ["transformer"]
+    assert any(n.startswith("transformer: one fit over 2 arms (they differ in taper.shape)") for n in pooled.notes)
+    apart = fit_scaling(rows, laws=("N",), by="taper.shape", d_col=None, bootstrap=5)
+    assert sorted(f.group for f in apart.fits) == ["cosine", "uniform"] and not apart.notes
