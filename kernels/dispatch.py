@@ -4,8 +4,8 @@ One setting, the environment variable ``ARCHSEARCH_KERNELS``:
 
     auto       (default) Triton when the tensors are on CUDA and triton is installed; on CPU
                tensors the C++ kernel of an op that has one (`CPU_KERNELS`: the selective
-               scan, RMSNorm, SwiGLU and the rotary q, k, v heads, each ``cpu.py``) when it
-               builds here and passes its check, else PyTorch
+               scan, RMSNorm, SwiGLU, the rotary q, k, v heads and the short causal conv,
+               each ``cpu.py``) when it builds here and passes its check, else PyTorch
     triton     always Triton (on a CPU only under TRITON_INTERPRET=1, for tests)
     cpp        the C++ kernel on CPU tensors for an op that has one, an error if it does not
                build; everything else as under auto
@@ -41,6 +41,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .causal_conv import causal_conv1d_cpu, causal_conv1d_naive
+from .causal_conv import cpu as causal_conv1d_cpu_kernel
 from .gated_delta import (
     gated_delta_rule_chunked,
     gated_delta_rule_chunked_triton,
@@ -66,9 +68,10 @@ OPS = ("rms_norm", "swiglu", "selective_scan", "gated_delta_rule", "gated_delta_
 # times both over a sweep of T to set it
 CHUNKED_FROM = 64
 # ops with a compiled C++ path for CPU tensors: op -> its module (available(), the op itself);
-# rope_heads has no Triton kernel (on CUDA its reference runs)
+# rope_heads and causal_conv1d have no Triton kernel (on CUDA their references run)
 CPU_KERNELS = {"selective_scan": selective_scan_cpu_kernel, "rms_norm": rms_norm_cpu_kernel,
-               "swiglu": swiglu_cpu_kernel, "rope_heads": rope_heads_cpu_kernel}
+               "swiglu": swiglu_cpu_kernel, "rope_heads": rope_heads_cpu_kernel,
+               "causal_conv1d": causal_conv1d_cpu_kernel}
 MODE_VAR, DISABLE_VAR = "ARCHSEARCH_KERNELS", "ARCHSEARCH_KERNELS_DISABLE"
 
 
@@ -164,6 +167,14 @@ def rope_heads(qkv: torch.Tensor, num_heads: int, cos: torch.Tensor, sin: torch.
     if _cpp_takes("rope_heads", qkv):
         return rope_heads_cpu(qkv, num_heads, cos, sin)
     return rope_heads_naive(qkv, num_heads, cos, sin)
+
+
+def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                  silu: bool = False) -> torch.Tensor:
+    """Causal depthwise conv over time, SiLU optional: x [B, T, C], weight [C, W] -> [B, T, C]."""
+    if _cpp_takes("causal_conv1d", x, weight, *([bias] if bias is not None else [])):
+        return causal_conv1d_cpu(x, weight, bias, silu)
+    return causal_conv1d_naive(x, weight, bias, silu)
 
 
 def selective_scan(*args, **kwargs):
@@ -296,5 +307,5 @@ def preflight(ops: Iterable[str], device: torch.device | str) -> dict[str, str]:
 
 
 __all__ = ["CHUNKED_FROM", "CPU_KERNELS", "MODES", "OPS", "RMSNorm", "check", "disable", "disabled", "forced",
-           "gated_delta_rule", "linear_cross_entropy", "mode", "preflight", "rms_norm", "rope_heads",
+           "causal_conv1d", "gated_delta_rule", "linear_cross_entropy", "mode", "preflight", "rms_norm", "rope_heads",
            "selective_scan", "ssd", "swiglu", "use_cpp", "use_triton"]

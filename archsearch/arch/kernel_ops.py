@@ -12,7 +12,8 @@ from archsearch.arch.spec import ArchSpec
 
 def kernels_used(specs: Iterable[ArchSpec]) -> list[str]:
     """The dispatched ops these models run: RMSNorm and the fused loss always, SwiGLU, the
-    rotary q, k, v heads of (gated) attention, the selective scan, the gated delta rule (both
+    rotary q, k, v heads of (gated) attention, the short causal conv of the recurrent mixers,
+    the selective scan, the gated delta rule (both
     its kernels: which one runs depends on the sequence length) and the SSD scan where a layer
     has them."""
     ops = {"rms_norm", "linear_cross_entropy"}
@@ -22,6 +23,8 @@ def kernels_used(specs: Iterable[ArchSpec]) -> list[str]:
                 ops.add("swiglu")
             if layer.mixer in ("attention", "gated_attention"):
                 ops.add("rope_heads")
+            if layer.mixer in ("mamba", "mamba2", "gated_deltanet"):
+                ops.add("causal_conv1d")
             if layer.mixer == "mamba":
                 ops.add("selective_scan")
             if layer.mixer == "gated_deltanet":

@@ -199,6 +199,6 @@ def _decay_rate(mixer: nn.Module, x_BTD: torch.Tensor) -> torch.Tensor:
         return g_BTH.flatten(0, 1)
     s = mixer.sizes
     x_BTE, _ = mixer.in_proj(x_BTD).chunk(2, dim=-1)
-    u_BTE = F.silu(mixer.causal_conv(x_BTE, None))
+    u_BTE = mixer.causal_conv(x_BTE, None, silu=True)
     dt_BTR = mixer.x_proj(u_BTE)[..., :s.dt_rank]
     return F.softplus(mixer.dt_proj(dt_BTR).float() + mixer.dt_bias.float()).flatten(0, 1)

@@ -1,9 +1,11 @@
-"""The transformer's C++ CPU kernels (RMSNorm, SwiGLU, the rotary q, k, v heads): equal to their
-references, forward and every gradient, over explicit shapes; taken by dispatch on float32 CPU
-tensors, the PyTorch path elsewhere; not used when they fail to build or to agree.
+"""The elementwise C++ CPU kernels (RMSNorm, SwiGLU, the rotary q, k, v heads, the short causal
+conv): equal to their references, forward and every gradient, over explicit shapes; taken by
+dispatch on float32 CPU tensors, the PyTorch path elsewhere; not used when they fail to build
+or to agree.
 
-The first run on a machine compiles the three (about 20 s; cached after that, per machine).
-Dimensions: B batch, T time, H heads, K head dim, R rows, D width, F MLP width.
+The first run on a machine compiles them (about 20 s; cached after that, per machine).
+Dimensions: B batch, T time, H heads, K head dim, R rows, D width, F MLP width, C channels,
+W conv width.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from archsearch_kernels import cpu_build, dispatch
+from archsearch_kernels.causal_conv import causal_conv1d_cpu, causal_conv1d_naive
 from archsearch_kernels.rmsnorm import cpu as rms_cpu
 from archsearch_kernels.rmsnorm import rms_norm_naive
 from archsearch_kernels.rope import cpu as rope_cpu
@@ -36,7 +39,7 @@ ATOL = 1e-5
 def built():
     """The kernels, built (or loaded from the cache) once; a failure, not a skip, when a
     compiler exists and a build or a self-check fails."""
-    for op in ("rms_norm", "swiglu", "rope_heads"):
+    for op in ("rms_norm", "swiglu", "rope_heads", "causal_conv1d"):
         if not cpu_build.ELEMENTWISE.available(op):
             if shutil.which("c++") or shutil.which("g++"):
                 pytest.fail(f"the C++ {op} did not build although a compiler exists: "
@@ -174,6 +177,60 @@ def test_rope_heads_gradient_when_only_some_heads_reach_the_loss():
     assert torch.equal(grads[1][..., 32:], torch.zeros(2, 9, 16))
 
 
+# (B, T, C, W): one step, fewer steps than the conv width, a ragged second block of 64 steps,
+# a channel count below one vector, W 2 and 4
+CONV_SHAPES = [(1, 1, 3, 4), (2, 3, 5, 4), (2, 70, 37, 4), (1, 9, 130, 2)]
+
+
+@pytest.mark.parametrize("shape", CONV_SHAPES, ids=["x".join(map(str, s)) for s in CONV_SHAPES])
+@pytest.mark.parametrize("bias, silu", [(True, True), (False, False), (True, False)],
+                         ids=["bias-silu", "bare", "bias"])
+def test_causal_conv_matches_the_reference_and_every_gradient(shape, bias, silu):
+    """x as the first half of a wider projection (Mamba's in_proj chunk): rows with a stride."""
+    B, T, C, W = shape
+    inputs = [torch.randn(B, T, 2 * C), torch.randn(C, W), torch.randn(C)][:3 if bias else 2]
+
+    def conv(fn):
+        return lambda wide, w, b=None: fn(wide[..., :C], w, b, silu)
+
+    names = ["y", "dx", "dweight", "dbias"][:len(inputs) + 1]
+    assert_all_close(names, outputs_and_grads(conv(causal_conv1d_naive), inputs),
+                     outputs_and_grads(conv(causal_conv1d_cpu), inputs))
+
+
+def test_causal_conv_is_causal():
+    """Changing step t changes no output before t."""
+    x, weight = torch.randn(2, 12, 6), torch.randn(6, 4)
+    changed = x.clone()
+    changed[:, 7] += 5.0
+    y, y_changed = causal_conv1d_cpu(x, weight, None, True), causal_conv1d_cpu(changed, weight, None, True)
+    assert torch.equal(y[:, :7], y_changed[:, :7]) and not torch.equal(y[:, 7], y_changed[:, 7])
+
+
+@pytest.mark.parametrize("mixer", ["mamba", "gated_deltanet", "mamba2"])
+def test_recurrent_mixers_take_the_causal_conv_kernel_and_match_the_reference_path(mixer, monkeypatch):
+    """A layer's output and every gradient under auto (the C++ conv ran, counted) equal the
+    reference path's."""
+    layer = LayerSpec(mixer=mixer, mlp="none", mlp_width=0, options={"d_state": 4} if mixer == "mamba" else {})
+    model = build_model(ArchSpec(family="tiny", vocab_size=50, d_model=32, num_heads=2, layers=(layer, layer)))
+    tokens = torch.randint(0, 50, (2, 19))
+    batch = Batch(inputs=tokens[:, :-1], targets=tokens[:, 1:])
+    calls = []
+    real = dispatch.causal_conv1d_cpu
+    monkeypatch.setattr(dispatch, "causal_conv1d_cpu", lambda *a, **k: calls.append(1) or real(*a, **k))
+    results = {}
+    for setting in ("reference", "auto"):
+        monkeypatch.setenv(dispatch.MODE_VAR, setting)
+        model.zero_grad()
+        loss = training_loss(model, batch)
+        loss.backward()
+        results[setting] = (loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()})
+    assert len(calls) == 2  # both layers, under auto only
+    assert_close("loss", results["reference"][0], results["auto"][0], ATOL)
+    for name, grad in results["reference"][1].items():
+        assert_close(f"grad {name}", grad, results["auto"][1][name], 1e-4)
+
+
 def test_dispatch_takes_the_kernels_for_float32_cpu_and_pytorch_elsewhere(monkeypatch):
     """float32 CPU tensors under auto and cpp take each kernel; float64 (the causal gate's
     precision), reference, a disabled op and torch.compile's tracing take the PyTorch path."""
@@ -252,7 +309,7 @@ def test_a_failed_build_turns_every_op_of_the_extension_off_with_one_warning_eac
     monkeypatch.setattr(extension, "_compile", broken)
     with pytest.warns(RuntimeWarning) as caught:
         assert not dispatch.use_cpp("rms_norm", "cpu")
-    assert sorted(str(w.message).split(":")[0] for w in caught) == ["rms_norm", "rope_heads", "swiglu"]
+    assert sorted(str(w.message).split(":")[0] for w in caught) == ["causal_conv1d", "rms_norm", "rope_heads", "swiglu"]
     assert all("killed" in str(w.message) and "falling back" in str(w.message) for w in caught)
     x = torch.randn(2, 3, 8)
     with warnings.catch_warnings():

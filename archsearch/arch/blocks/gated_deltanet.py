@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from archsearch_kernels.dispatch import gated_delta_rule
+from archsearch_kernels.dispatch import RMSNorm, gated_delta_rule, swiglu
 from archsearch_kernels.gated_delta import gated_delta_rule_naive
 from torch import nn
 
@@ -38,7 +38,7 @@ from archsearch.arch.blocks.gated_deltanet_counts import (  # the formulas, besi
     sizes,
     state,
 )
-from archsearch.arch.blocks.mamba import inverse_softplus_dt
+from archsearch.arch.blocks.mamba import causal_conv, inverse_softplus_dt
 from archsearch.arch.spec import ArchSpec, LayerSpec
 
 # "chunked": the Triton kernels on CUDA (chunked from 64 steps on, recurrent below), the chunked
@@ -67,24 +67,23 @@ class GatedDeltaNet(nn.Module):
         for p in (self.A_log, self.dt_bias):
             p._no_weight_decay = True
         self.gate_proj = nn.Linear(s.d_model, hv, bias=False)
-        self.norm = nn.RMSNorm(s.value, eps=spec.norm_eps)
+        self.norm = RMSNorm(s.value, eps=spec.norm_eps)  # nn.RMSNorm's parameters, the dispatched kernels
         self.out_proj = nn.Linear(hv, s.d_model, bias=False)
 
     def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
         s, (B, T, _) = self.sizes, x_BTD.shape
         H, K, V = s.heads, s.key, s.value
-        # left padding only: causal, and torch counts exactly k MACs per output
-        qkv_BXT = self.conv(F.pad(self.qkv_proj(x_BTD).transpose(1, 2), (s.conv - 1, 0)))
-        # one copy back to [B, T, X] rows: every elementwise op below, and their backward, then
-        # run on contiguous memory instead of the conv's [B, X, T] (a few ms a layer on a CPU)
-        qkv_BTX = F.silu(qkv_BXT.transpose(1, 2).contiguous())
+        # the short conv and its SiLU in the projection's [B, T, X] layout (one C++ pass on a
+        # CPU); its [B, T, X] rows keep every elementwise op below on contiguous memory
+        qkv_BTX = causal_conv(self.conv, self.qkv_proj(x_BTD), None, silu=True)
         qk_BTX, v_BTX = qkv_BTX.split([2 * H * K, H * V], dim=-1)
         # q and k l2-normalised in one call; the rule takes q unscaled, fla's kernel scales it by K^-1/2
         q_BTHK, k_BTHK = F.normalize(qk_BTX.view(B, T, 2, H, K), dim=-1).unbind(2)
         q_BTHK = q_BTHK * K**-0.5
         g_BTH, beta_BTH = self.gates(x_BTD)
         o_BTHV = self.rule(q_BTHK, k_BTHK, v_BTX.view(B, T, H, V), g_BTH, beta_BTH)
-        o_BTHV = self.norm(o_BTHV) * F.silu(self.gate_proj(x_BTD).view(B, T, H, V))
+        # silu(gate) * RMSNorm(o): SwiGLU's product, fused on a CPU (C++) and on CUDA (Triton)
+        o_BTHV = swiglu(self.gate_proj(x_BTD).view(B, T, H, V), self.norm(o_BTHV))
         return self.out_proj(o_BTHV.reshape(B, T, H * V))
 
     def gates(self, x_BTD: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -27,7 +27,7 @@ import math
 
 import torch
 import torch.nn.functional as F
-from archsearch_kernels.dispatch import selective_scan
+from archsearch_kernels.dispatch import causal_conv1d, selective_scan
 from archsearch_kernels.selective_scan import selective_scan_naive
 from torch import nn
 
@@ -91,7 +91,7 @@ class Mamba(nn.Module):
         after the last step. ``skip_BT``: bool [B, T], True for tokens to treat as absent."""
         s = self.sizes
         x_BTE, z_BTE = self.in_proj(x_BTD).chunk(2, dim=-1)
-        u_BTE = F.silu(self.causal_conv(x_BTE, skip_BT))
+        u_BTE = self.causal_conv(x_BTE, skip_BT, silu=True)
         dt_BTR, B_BTN, C_BTN = self.x_proj(u_BTE).split([s.dt_rank, s.state, s.state], dim=-1)
         delta_BTE = F.softplus(self.dt_proj(dt_BTR).float() + self.dt_bias.float())
         if skip_BT is not None:
@@ -105,26 +105,29 @@ class Mamba(nn.Module):
             y_BTD = y_BTD.masked_fill(skip_BT[..., None], 0.0)
         return (y_BTD, state_BEN) if return_last_state else y_BTD
 
-    def causal_conv(self, x_BTE: torch.Tensor, skip_BT: torch.Tensor | None) -> torch.Tensor:
+    def causal_conv(self, x_BTE: torch.Tensor, skip_BT: torch.Tensor | None, *, silu: bool = False) -> torch.Tensor:
         """The depthwise causal conv over [B, T, E], skipping ``skip_BT`` tokens (``causal_conv``)."""
-        return causal_conv(self.conv, x_BTE, skip_BT)
+        return causal_conv(self.conv, x_BTE, skip_BT, silu=silu)
 
 
-def causal_conv(conv: nn.Conv1d, x_BTE: torch.Tensor, skip_BT: torch.Tensor | None) -> torch.Tensor:
-    """Depthwise ``conv`` over each step and the k-1 steps before it: [B, T, E] -> [B, T, E].
+def causal_conv(conv: nn.Conv1d, x_BTE: torch.Tensor, skip_BT: torch.Tensor | None, *,
+                silu: bool = False) -> torch.Tensor:
+    """Depthwise ``conv`` over each step and the k-1 steps before it, then SiLU if `silu`:
+    [B, T, E] -> [B, T, E] (the dispatched op: one C++ pass each way on a CPU).
 
     With ``skip_BT``, kept tokens are packed to the front (in order), convolved and put
     back, so a kept token's window holds the k-1 kept tokens before it, as a cached
     decoder that never fed the skipped ones would see. Skipped tokens get 0.
     """
+    if skip_BT is None:
+        return causal_conv1d(x_BTE, conv.weight[:, 0], conv.bias, silu)
     x_BET = x_BTE.transpose(1, 2)
     width = conv.kernel_size[0]
     # left padding only, so the conv is causal and torch counts exactly k MACs per output
-    if skip_BT is None:
-        return conv(F.pad(x_BET, (width - 1, 0))).transpose(1, 2)
     order_BT = torch.argsort(skip_BT.to(torch.int8), dim=1, stable=True)
     index_BET = order_BT[:, None, :].expand_as(x_BET)
     packed_BET = conv(F.pad(x_BET.gather(2, index_BET), (width - 1, 0)))
     out_BET = torch.zeros_like(packed_BET).scatter(2, index_BET, packed_BET)
-    return out_BET.masked_fill(skip_BT[:, None, :], 0.0).transpose(1, 2)
+    out_BTE = out_BET.masked_fill(skip_BT[:, None, :], 0.0).transpose(1, 2)
+    return F.silu(out_BTE) if silu else out_BTE  # silu(0) = 0: skipped tokens stay 0
 

@@ -94,7 +94,7 @@ class Mamba2(nn.Module):
         s, (batch, seq_len, _) = self.sizes, x_BTD.shape
         E, G, N = s.inner, s.groups, s.state
         z_BTE, xBC_BTX, dt_BTH = self.in_proj(x_BTD).split([E, s.conv_channels, s.heads], dim=-1)
-        x_BTE, B_BTX, C_BTX = F.silu(causal_conv(self.conv, xBC_BTX, skip_BT)).split([E, G * N, G * N], dim=-1)
+        x_BTE, B_BTX, C_BTX = causal_conv(self.conv, xBC_BTX, skip_BT, silu=True).split([E, G * N, G * N], dim=-1)
         dt_BTH = F.softplus(dt_BTH.float() + self.dt_bias.float())
         if skip_BT is not None:
             dt_BTH = dt_BTH.masked_fill(skip_BT[..., None], 0.0)
