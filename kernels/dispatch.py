@@ -15,8 +15,8 @@ The PyTorch path here is the one the models ran before the kernels existed (F.rm
 F.silu(gate) * up, the chunked scan, logits then F.cross_entropy), so turning the kernels
 off changes nothing else; the naive.py files beside each kernel are the specs they are
 tested against. The C++ kernels take float32 only, and step aside inside torch.compile
-(inductor fuses the same elementwise work itself): other dtypes and compiled graphs run
-the PyTorch path under every setting.
+(inductor fuses the same elementwise work itself) and inside a dispatch mode (FlopCounterMode,
+fake tensors): other dtypes, compiled graphs and modes run the PyTorch path under every setting.
 
 The gated delta rule has two kernels: the chunked WY form (`gated_delta/chunked_kernel.py`)
 from `CHUNKED_FROM` steps on, the recurrent one (`gated_delta/kernel.py`) for shorter
@@ -137,10 +137,11 @@ def use_cpp(op: str, device: torch.device | str) -> bool:
 
 
 def _cpp_takes(op: str, *tensors: torch.Tensor) -> bool:
-    """Whether `op` runs its C++ kernel on these tensors: float32, outside torch.compile, and
-    `use_cpp` says so."""
+    """Whether `op` runs its C++ kernel on these tensors: float32, outside torch.compile and
+    outside any dispatch mode (torch's FlopCounterMode, fake tensors: the mode must see the ops
+    the kernel would hide), and `use_cpp` says so."""
     return (all(x.dtype == torch.float32 for x in tensors) and not torch.compiler.is_compiling()
-            and use_cpp(op, tensors[0].device))
+            and torch._C._len_torch_dispatch_stack() == 0 and use_cpp(op, tensors[0].device))
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -233,7 +233,8 @@ def test_recurrent_mixers_take_the_causal_conv_kernel_and_match_the_reference_pa
 
 def test_dispatch_takes_the_kernels_for_float32_cpu_and_pytorch_elsewhere(monkeypatch):
     """float32 CPU tensors under auto and cpp take each kernel; float64 (the causal gate's
-    precision), reference, a disabled op and torch.compile's tracing take the PyTorch path."""
+    precision), reference, a disabled op, torch.compile's tracing and a dispatch mode (torch's
+    FLOP counter) take the PyTorch path."""
     calls = []
     for module, name in ((rms_cpu, "rms_norm_cpu"), (swiglu_cpu, "swiglu_cpu"), (rope_cpu, "rope_heads_cpu")):
         real = getattr(module, name)
@@ -263,6 +264,11 @@ def test_dispatch_takes_the_kernels_for_float32_cpu_and_pytorch_elsewhere(monkey
     assert calls == ["rms_norm_cpu", "rope_heads_cpu"]
     calls.clear()
     torch.compile(lambda x: dispatch.rms_norm(x, torch.ones(8), 1e-6), backend="eager")(torch.randn(3, 8))
+    assert calls == []
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False):  # the counter must see the ops
+        run_all(torch.float32)
     assert calls == []
 
 

@@ -47,10 +47,13 @@ def test_matmul_flops_agree_with_torch_counter(spec):
     tokens = torch.randint(0, spec.vocab_size, (1, seq_len))
     with FlopCounterMode(display=False) as counter, torch.no_grad():
         model(tokens)
-    weights = {name for name, m in model.named_modules() if isinstance(m, (torch.nn.Linear, torch.nn.Conv1d))}
+    weights = {name for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
     per_module = counter.get_flop_counts()
     measured = sum(sum(ops.values()) for key, ops in per_module.items()
                    if key.partition(".")[2] in weights)
+    # the short convs run as the dispatched causal_conv1d op (F.conv1d under the counter, which
+    # turns the C++ kernels off), inside their mixer rather than through the Conv1d module
+    measured += sum(flops for op, flops in per_module["Global"].items() if "convolution" in str(op))
     # the head is a bare matmul, tied or not, as wide as the embedding
     measured += 2 * registry.structure(spec.structure).embedding_width(spec) * spec.vocab_size * seq_len
     analytic = weight_flops_per_token(spec, seq_len=seq_len) * seq_len
