@@ -2,9 +2,9 @@
 
 An op's ``cpu.py`` holds its C++ source and registers it with an `Extension` (`add`); the
 extension compiles every registered part into one module the first time any of its ops is
-needed, so ops that are used together pay for one compile: the transformer's RMSNorm, SwiGLU
-and rotary kernels share `ELEMENTWISE` (about 20 s on a 2-core machine, once), the selective
-scan has its own (selective_scan/cpu.py).
+needed, so ops that are used together pay for one compile: RMSNorm, SwiGLU, the rotary heads
+and the short causal conv share `ELEMENTWISE` (about 20 s on a 2-core machine, once), the
+selective scan has its own (selective_scan/cpu.py).
 
 Compiling goes through torch.utils.cpp_extension.load_inline (g++ and ninja) into torch's
 extension cache (``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``), once per
@@ -16,7 +16,7 @@ False, `build_error(op)` says why, one RuntimeWarning says so, and dispatch runs
 
 Flags: -O3 with the CPU's vector ISA, -ffp-contract=fast (fused multiply-adds) and
 -fno-trapping-math, without which g++ will not if-convert the clamps of `exp_lane` below and
-leaves every loop that calls it scalar (checked with -fopt-info-vec: 2x on SwiGLU's backward).
+leaves every loop that calls it scalar (checked with -fopt-info-vec; SwiGLU's kernel was 2x slower).
 """
 
 from __future__ import annotations
@@ -198,7 +198,7 @@ def compare(names: list[str], want: list[torch.Tensor], got: list[torch.Tensor],
     return None
 
 
-# the transformer's elementwise kernels (RMSNorm, SwiGLU, rotary heads): one compile for all three
+# the elementwise kernels (RMSNorm, SwiGLU, rotary heads, causal conv): one compile for all
 ELEMENTWISE = Extension("elementwise")
 
 __all__ = ["ELEMENTWISE", "Extension", "PRELUDE", "capability", "compare", "max_error"]

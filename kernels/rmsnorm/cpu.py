@@ -10,9 +10,10 @@ backward, with r = 1/rms, xhat = x r and g = dy * weight:
     dx = r (g - xhat mean(g xhat)),   dweight = sum over rows of dy xhat
 
 The weight's gradient is summed per block of 64 rows into its own partial row, and torch adds
-the blocks, so the result does not depend on how the rows were spread over threads. 3.8x (d 128)
-to 5x (d 512) faster forward and backward than F.rms_norm at a training step's [8 * 256, D]
-(docs/performance.md). Built as part of `ELEMENTWISE` (kernels/cpu_build.py).
+the blocks, so the result does not depend on how the rows were spread over threads. 3.5x (d 128)
+to 5.7x (d 512) faster forward and backward than F.rms_norm at a training step's [8 * 256, D]
+(benchmarks/bench_cpu_kernels.py, docs/performance.md). Built as part of `ELEMENTWISE`
+(kernels/cpu_build.py).
 """
 
 from __future__ import annotations

@@ -9,8 +9,9 @@ the other way: the incoming dq and dk are rotated back (the transpose of a rotat
 rotation by minus the angle) and written with dv straight into the projection's [B, T, 3, H, K]
 gradient. PyTorch's path builds the rotation from slices, products and a concatenation, and its
 backward adds the slices' gradients into a zero-filled projection gradient, about a dozen passes
-in all; this is two, and it saves only the tables. 6x faster forward and backward at d 128 and
-3x at d 512 (docs/performance.md). Built as part of `ELEMENTWISE` (kernels/cpu_build.py).
+in all; this is two, and it saves only the tables. 3.6x faster forward and backward at d 128
+and 3.1x at d 512 (benchmarks/bench_cpu_kernels.py, docs/performance.md). Built as part of
+`ELEMENTWISE` (kernels/cpu_build.py).
 """
 
 from __future__ import annotations
