@@ -165,6 +165,14 @@ class Extension:
                 self._load_locked()
         return None if self._state.get(f"error:{op}") is not None else self._state["module"]
 
+    def require(self, op: str):
+        """The compiled module for `op`; a RuntimeError saying why when it cannot be used here
+        (the C++ forms call this; dispatch checks `available` first and takes PyTorch instead)."""
+        module = self.module(op)
+        if module is None:
+            raise RuntimeError(f"{op}: the C++ CPU kernel is not available here: {self.build_error(op)}")
+        return module
+
     def available(self, op: str) -> bool:
         """Whether `op`'s kernel compiled here and agrees with its reference (builds on first call)."""
         return self.module(op) is not None

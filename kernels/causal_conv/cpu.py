@@ -181,11 +181,7 @@ def causal_conv1d_cpu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
         RuntimeError: the kernel did not build or failed its check here (`ELEMENTWISE.build_error`
             says why); dispatch checks `available` first and takes the PyTorch path instead.
     """
-    module = ELEMENTWISE.module("causal_conv1d")
-    if module is None:
-        raise RuntimeError(f"causal_conv1d: the C++ CPU kernel is not available here: "
-                           f"{ELEMENTWISE.build_error('causal_conv1d')}")
-    return _run(module, x, weight, bias, silu)
+    return _run(ELEMENTWISE.require("causal_conv1d"), x, weight, bias, silu)
 
 
 def _self_check(module) -> str | None:

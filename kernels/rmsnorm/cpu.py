@@ -131,10 +131,7 @@ def rms_norm_cpu(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> to
         RuntimeError: the kernel did not build or failed its check here (`ELEMENTWISE.build_error`
             says why); dispatch checks `available` first and takes the PyTorch path instead.
     """
-    module = ELEMENTWISE.module("rms_norm")
-    if module is None:
-        raise RuntimeError(f"rms_norm: the C++ CPU kernel is not available here: {ELEMENTWISE.build_error('rms_norm')}")
-    return _run(module, x, weight, eps)
+    return _run(ELEMENTWISE.require("rms_norm"), x, weight, eps)
 
 
 def _self_check(module) -> str | None:

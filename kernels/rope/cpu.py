@@ -146,10 +146,7 @@ def rope_heads_cpu(qkv: torch.Tensor, num_heads: int, cos: torch.Tensor, sin: to
         RuntimeError: the kernel did not build or failed its check here (`ELEMENTWISE.build_error`
             says why); dispatch checks `available` first and takes the PyTorch path instead.
     """
-    module = ELEMENTWISE.module("rope_heads")
-    if module is None:
-        raise RuntimeError(f"rope_heads: the C++ CPU kernel is not available here: "
-                           f"{ELEMENTWISE.build_error('rope_heads')}")
+    module = ELEMENTWISE.require("rope_heads")
     x = qkv if qkv.stride(-1) == 1 else qkv.contiguous()
     return _RopeHeads.apply(module, x, num_heads, cos.float().contiguous(), sin.float().contiguous())
 

@@ -322,8 +322,5 @@ def selective_scan_cpu(
         RuntimeError: the kernel did not build or failed its check here (`build_error` says why);
             dispatch checks `available` first and takes the PyTorch path instead.
     """
-    module = load()
-    if module is None:
-        raise RuntimeError(f"selective_scan: the C++ CPU kernel is not available here: {build_error()}")
-    return _scan(module, u, delta, A, B, C, D, z, delta_bias, delta_softplus,
+    return _scan(SCAN.require("selective_scan"), u, delta, A, B, C, D, z, delta_bias, delta_softplus,
                  initial_state=initial_state, return_last_state=return_last_state)

@@ -133,9 +133,7 @@ def swiglu_cpu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """
     if gate.shape != up.shape:
         raise ValueError(f"swiglu: gate {tuple(gate.shape)} and up {tuple(up.shape)} differ in shape")
-    module = ELEMENTWISE.module("swiglu")
-    if module is None:
-        raise RuntimeError(f"swiglu: the C++ CPU kernel is not available here: {ELEMENTWISE.build_error('swiglu')}")
+    module = ELEMENTWISE.require("swiglu")
     packed = halves_of(gate, up)
     return _SwiGLUPacked.apply(module, packed) if packed is not None else _SwiGLU.apply(module, gate, up)
 

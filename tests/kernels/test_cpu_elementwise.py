@@ -72,6 +72,24 @@ def assert_all_close(names, want, got, atol=ATOL):
         assert_close(name, w, g, atol)
 
 
+def loss_and_grads_each_way(model, batch, monkeypatch) -> dict:
+    """{setting: (training loss, {parameter: gradient})} under reference and auto."""
+    results = {}
+    for setting in ("reference", "auto"):
+        monkeypatch.setenv(dispatch.MODE_VAR, setting)
+        model.zero_grad()
+        loss = training_loss(model, batch)
+        loss.backward()
+        results[setting] = (loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()})
+    return results
+
+
+def assert_same_loss_and_grads(results: dict) -> None:
+    assert_close("loss", results["reference"][0], results["auto"][0], ATOL)
+    for name, grad in results["reference"][1].items():
+        assert_close(f"grad {name}", grad, results["auto"][1][name], 1e-4)
+
+
 # (leading shape, D): rows fewer than one 64-row block, a ragged last block, one row, an odd
 # width, a width of one, a wide row
 NORM_SHAPES = [((3, 5), 16), ((3, 37), 100), ((1,), 7), ((2, 70), 33), ((4, 3), 1), ((2, 9), 1000)]
@@ -218,17 +236,9 @@ def test_recurrent_mixers_take_the_causal_conv_kernel_and_match_the_reference_pa
     calls = []
     real = dispatch.causal_conv1d_cpu
     monkeypatch.setattr(dispatch, "causal_conv1d_cpu", lambda *a, **k: calls.append(1) or real(*a, **k))
-    results = {}
-    for setting in ("reference", "auto"):
-        monkeypatch.setenv(dispatch.MODE_VAR, setting)
-        model.zero_grad()
-        loss = training_loss(model, batch)
-        loss.backward()
-        results[setting] = (loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()})
+    results = loss_and_grads_each_way(model, batch, monkeypatch)
     assert len(calls) == 2  # both layers, under auto only
-    assert_close("loss", results["reference"][0], results["auto"][0], ATOL)
-    for name, grad in results["reference"][1].items():
-        assert_close(f"grad {name}", grad, results["auto"][1][name], 1e-4)
+    assert_same_loss_and_grads(results)
 
 
 def test_dispatch_takes_the_kernels_for_float32_cpu_and_pytorch_elsewhere(monkeypatch):
@@ -288,17 +298,9 @@ def test_model_loss_and_every_gradient_equal_on_the_cpp_and_pytorch_paths(mixer,
     for module, name in ((rms_cpu, "rms_norm_cpu"), (swiglu_cpu, "swiglu_cpu"), (rope_cpu, "rope_heads_cpu")):
         real = getattr(module, name)
         monkeypatch.setattr(dispatch, name, lambda *a, _real=real, _name=name, **k: calls.append(_name) or _real(*a, **k))
-    results = {}
-    for setting in ("reference", "auto"):
-        monkeypatch.setenv(dispatch.MODE_VAR, setting)
-        model.zero_grad()
-        loss = training_loss(model, batch)
-        loss.backward()
-        results[setting] = (loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()})
+    results = loss_and_grads_each_way(model, batch, monkeypatch)
     assert set(calls) == {"rms_norm_cpu", "swiglu_cpu", "rope_heads_cpu"}
-    assert_close("loss", results["reference"][0], results["auto"][0], ATOL)
-    for name, grad in results["reference"][1].items():
-        assert_close(f"grad {name}", grad, results["auto"][1][name], 1e-4)
+    assert_same_loss_and_grads(results)
 
 
 def test_a_failed_build_turns_every_op_of_the_extension_off_with_one_warning_each(monkeypatch):
