@@ -134,13 +134,17 @@ def test_a_scaling_fit_is_one_arms_never_a_pool_of_arms():
 
 
 def test_archsearch_fit_says_when_a_family_fit_runs_over_several_arms():
-    """``fit`` by family over two taper schedules fits one law and says it
-    pools 2 arms; by the axis that tells them apart, each arm's own, no note."""
+    """``fit`` by family over two taper schedules, told to pool them, fits one
+    law and says it pools 2 arms; by the axis that tells them apart, each
+    arm's own, no note; by family as told by default, each arm's own too."""
     from archsearch.analysis import fit_scaling
 
     rows = rows_of({"uniform": ([1_000, 2_000, 4_000, 8_000], 3.0), "cosine": ([1_000, 2_000, 4_000, 8_000], 6.0)})
-    pooled = fit_scaling(rows, laws=("N",), by="family", d_col=None, bootstrap=5)
+    pooled = fit_scaling(rows, laws=("N",), by="family", pool_arms=True, d_col=None, bootstrap=5)
     assert [f.group for f in pooled.fits] == ["transformer"]
     assert any(n.startswith("transformer: one fit over 2 arms (they differ in taper.shape)") for n in pooled.notes)
     apart = fit_scaling(rows, laws=("N",), by="taper.shape", d_col=None, bootstrap=5)
     assert sorted(f.group for f in apart.fits) == ["cosine", "uniform"] and not apart.notes
+    default = fit_scaling(rows, laws=("N",), d_col=None, bootstrap=5)
+    assert sorted(f.group for f in default.fits) == ["taper.shape=cosine", "taper.shape=uniform"]
+    assert not default.notes
