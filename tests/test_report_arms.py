@@ -77,6 +77,20 @@ def test_iso_param_and_iso_flop_baselines_are_two_arms_in_every_view(tmp_path):
                                                                     "baseline (iso-FLOP: 4-layer stack)"}
 
 
+def test_the_app_filter_picks_the_iso_param_or_the_iso_flop_baseline_alone(tmp_path):
+    """The axis filter offers each baseline as the views name it, and picking
+    one shows that arm only: its 3 trials, not the other protocol's. Fails on
+    the old filter, whose only baseline value was ``baseline`` (both)."""
+    path = tmp_path / "p.duckdb"
+    protocol_store(path)
+    offered = refresh(path, axis="arm")["values"]
+    assert offered == ["baseline (iso-FLOP: 4-layer stack)", "baseline (iso-param: 2-layer stack)", "looped"]
+    view = refresh(path, axis="arm", values=["baseline (iso-FLOP: 4-layer stack)"])
+    assert view["summary"].startswith("3 of 9 completed trials shown")
+    assert {d.name for d in view["figures"]["pareto"].data} - {"Pareto front"} == {
+        "baseline (iso-FLOP: 4-layer stack)"}
+
+
 def test_a_universal_baseline_says_its_steps_and_arms_alike_but_for_their_match_are_told_apart():
     """HRM's baseline is a Universal Transformer over N x T steps; two
     transformers with one axes dict, matched on parameters and on FLOPs
