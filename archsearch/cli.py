@@ -211,7 +211,9 @@ def pareto(objectives: Annotated[str, typer.Option(help="columns with directions
            = None,
            extrapolate: Annotated[Optional[float], typer.Option(help="the front at this parameter count, "
                                                                      "from each group's L(N) fit")] = None,
-           by: ByOpt = None, bootstrap: BootstrapOpt = 200, as_json: JsonOpt = False):
+           by: ByOpt = None, pool_arms: Annotated[bool, typer.Option(
+               "--pool-arms", help="with --extrapolate: one L(N) over each group's arms, not one per arm")] = False,
+           bootstrap: BootstrapOpt = 200, as_json: JsonOpt = False):
     """The non-dominated rows over two or more objectives, with the hypervolume."""
     from archsearch import analysis
 
@@ -224,7 +226,7 @@ def pareto(objectives: Annotated[str, typer.Option(help="columns with directions
     if extrapolate is not None:
         front = analysis.extrapolated_front(table, goals, extrapolate, by=by or ("family" if from_csv is None
                                                                                    else None),
-                                            bootstrap=bootstrap, reference=ref)
+                                            pool_arms=pool_arms, bootstrap=bootstrap, reference=ref)
     else:
         front = analysis.pareto(table, goals, reference=ref, matched=matched)
     if as_json:
@@ -234,7 +236,7 @@ def pareto(objectives: Annotated[str, typer.Option(help="columns with directions
 
     names = [c for c, _ in goals]
     if front.rows and "trial_id" not in front.rows[0]:  # CSV rows by number, extrapolated rows by group
-        first = "index" if extrapolate is None else (by or ("family" if from_csv is None else "group"))
+        first = "index" if extrapolate is None else next(iter(front.rows[0]))  # the arm or group
         rows = [dict(row, index=i) for i, row in zip(front.indices, front.rows)]
         front_table(rows, [first, *names])
     else:

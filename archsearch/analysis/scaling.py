@@ -152,15 +152,17 @@ def _pooled_arms(table, labels: np.ndarray, groups: set[str]) -> list[str]:
 
 
 def extrapolated_front(data: Any, objectives: str | Sequence[tuple[str, str]], scale: float, *,
-                       by: str | None = "family", n_col: str = "params", loss_col: str | None = None,
-                       bootstrap: int = 200, level: float = 0.95, seed: int = 0,
+                       by: str | None = "family", pool_arms: bool = False, n_col: str = "params",
+                       loss_col: str | None = None, bootstrap: int = 200, level: float = 0.95, seed: int = 0,
                        reference: Sequence[float] | None = None) -> Front:
-    """The front at ``n_col = scale``, one row per group of ``by``.
+    """The front at ``n_col = scale``, one row per fit of ``fit_scaling``: per
+    arm of each group of ``by`` (a group of one arm by the group's name,
+    under the key ``arm``), or with ``pool_arms`` per group (under ``by``).
 
-    Each group's ``loss_col`` (default: the first objective) is its L(N) fit's
+    Each fit's ``loss_col`` (default: the first objective) is its L(N)
     prediction at ``scale``, with the confidence and prediction intervals;
-    the other objectives are those of the group's largest trial, and the
-    notes say so. ``Front.indices`` number these group rows.
+    the other objectives are those of its largest trial, and the notes say
+    so. ``Front.indices`` number these rows.
     """
     objectives = parse_objectives(objectives) if isinstance(objectives, str) else list(objectives)
     loss_col = loss_col or objectives[0][0]
@@ -169,25 +171,25 @@ def extrapolated_front(data: Any, objectives: str | Sequence[tuple[str, str]], s
     if not scale > 0:
         raise ValueError(f"extrapolate to {n_col}={scale:g}: the scale must be positive")
     table = as_table(data)
-    # one fit per group, as the front's rows are (``fit_scaling`` fits arm by arm unless told to pool)
-    fits = fit_scaling(table, laws=("N",), by=by, pool_arms=True, loss_col=loss_col, n_col=n_col, d_col=None,
-                       bootstrap=bootstrap, level=level, seed=seed)
-    labels, sizes = np.array(group_labels(table, by), dtype=object), numeric_column(table, n_col)
+    fits = fit_scaling(table, laws=("N",), by=by, pool_arms=pool_arms, loss_col=loss_col, n_col=n_col,
+                       d_col=None, bootstrap=bootstrap, level=level, seed=seed)
+    labels = np.array(fit_groups(table, by, pool_arms=pool_arms), dtype=object)
+    sizes = numeric_column(table, n_col)
+    key = (by or "group") if pool_arms else "arm"
     carried = [c for c, _ in objectives if c not in (loss_col, n_col)]
     rows = []
     for fit in fits.fits:
         prediction = fit.predict(N=scale)
         members = np.flatnonzero((labels == fit.group) & np.isfinite(sizes))
         largest = decoded_rows(table.take([int(members[np.argmax(sizes[members])])]))[0]
-        rows.append({by or "group": fit.group, loss_col: prediction.loss.value, n_col: scale,
+        rows.append({key: fit.group, loss_col: prediction.loss.value, n_col: scale,
                      "interval": [prediction.loss.low, prediction.loss.high],
                      "prediction_interval": [prediction.prediction_low, prediction.prediction_high],
                      "extrapolated": prediction.extrapolated, "carried_from": largest.get("trial_id"),
                      **{c: largest.get(c) for c in carried}})
-    notes = [f"{loss_col} predicted at {n_col}={scale:g} from each {by or 'group'}'s L(N) fit "
-             f"({level:.0%} intervals)"]
+    notes = [f"{loss_col} predicted at {n_col}={scale:g} from each {key}'s L(N) fit ({level:.0%} intervals)"]
     if carried:
-        notes.append(f"{', '.join(carried)} taken from each {by or 'group'}'s largest trial")
+        notes.append(f"{', '.join(carried)} taken from each {key}'s largest trial")
     notes += [f"{s['group']}: {s['reason']}" for s in fits.skipped]
     front = pareto(rows, objectives, reference=reference, matched="achieved")
     return replace(front, notes=notes + front.notes)
