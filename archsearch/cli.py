@@ -299,10 +299,13 @@ def fit(store: StoreOpt = DEFAULT_STORE, study: StudyOpt = None, from_csv: CsvOp
 @app.command()
 @user_errors
 def compare(baseline: Annotated[str, typer.Option(help="the arm every other is compared with: its label, or values "
-                                                       "only it has, e.g. transformer or memory.aux=none,family=memory")],
+                                                       "only it has, e.g. transformer or memory.aux=none,family=memory "
+                                                       "(a protocol's baseline: iso-param or iso_flop)")],
             store: StoreOpt = DEFAULT_STORE, study: StudyOpt = None, from_csv: CsvOpt = None,
             by: Annotated[Optional[str], typer.Option(help="columns or axes that make an arm, comma-separated "
-                                                           "(default: every axis that varies; a CSV must say)")]
+                                                           "(default: every axis that varies, arms alike but for their "
+                                                           "family or match told apart as the report does; a CSV "
+                                                           "must say)")]
             = None,
             within: Annotated[Optional[str], typer.Option(help="compare inside each group of these columns or "
                                                                "axes, e.g. family: each family's own baseline")]

@@ -62,9 +62,9 @@ class Fits:
 
 
 def fit_scaling(data: Any, *, laws: Sequence[str] = ("N", "C", "ND"), by: str | None = "family",
-                pool_arms: bool = False, loss_col: str = "val_loss", n_col: str | None = "params", d_col: str | None = "tokens",
-                c_col: str | None = None, drop_highest: int = 0, bootstrap: int = 200, level: float = 0.95,
-                seed: int = 0, grid: bool = True) -> Fits:
+                pool_arms: bool = False, loss_col: str = "val_loss", n_col: str | None = "params",
+                d_col: str | None = "tokens", c_col: str | None = None, drop_highest: int = 0,
+                bootstrap: int = 200, level: float = 0.95, seed: int = 0, grid: bool = True) -> Fits:
     """Fit each of ``laws`` to each group of ``data`` (any table; see ``tables.as_table``).
 
     ``by`` is a column or a store axis (None: one group, ``all``). A fit
@@ -73,7 +73,8 @@ def fit_scaling(data: Any, *, laws: Sequence[str] = ("N", "C", "ND"), by: str | 
     iso-param and iso-FLOP baselines) is fitted arm by arm, each fit named
     as the report names the arm (``arms.arm_labels``); a group of one arm
     keeps the group's name. ``pool_arms`` fits one law over each group's
-    arms instead (a trend across them, and a note says so). ``drop_highest`` leaves out that many highest-loss points of each group
+    arms instead (a trend across them, and a note says so).
+    ``drop_highest`` leaves out that many highest-loss points of each fit
     (as Besiroglu et al. did with Chinchilla's). Rows without a loss (trials
     not finished) are left out. A group a law cannot be fitted to is listed
     in ``skipped`` with the reason; a table none can be fitted to raises a
