@@ -235,3 +235,18 @@ def test_the_iso_param_and_iso_flop_baselines_are_two_arms(tmp_path):
     assert "baseline (iso-FLOP: 4-layer stack)" in " ".join(table.split())
     assert "baseline 'baseline' matches 2 arms" in one_line_error("compare", "--store", str(store), "--baseline",
                                                                    "baseline")
+
+
+def test_arms_alike_but_for_their_match_kind_are_two_arms():
+    """One transformer matched on parameters and one on FLOPs (two runs of a
+    study into one store) have one axes dict: by default two arms, as the
+    report names them, not the error that there is one arm."""
+    axes = {"family": "transformer", "num_layers": 4}
+    rows = [dict(axes=axes, family="transformer", match=match, seed=s, val_loss=3.0 + shift + s / 100)
+            for match, shift in (("params", 0.0), ("flops", -0.1)) for s in SEEDS]
+    result = analysis.compare_arms(rows, baseline="params")
+    assert result.baseline == "transformer (matched on params)"
+    (d,) = result.differences
+    assert d.arm == "transformer (matched on flops)" and d.difference == pytest.approx(-0.1) and d.paired
+    with pytest.raises(ValueError, match="every trial has the same axes"):
+        analysis.compare_arms([dict(r, match="params") for r in rows], baseline="transformer")

@@ -128,7 +128,7 @@ def compare_arms(data: Any, *, baseline: str, by: str | list[str] | None = None,
     seeds = numeric_column(table, seed_col, what="seed column")
     groups_by = _names(within) if within is not None else []
     keys = [k for k in _arm_keys(table, by) if k not in groups_by]
-    if not keys:
+    if not keys and (by is not None or groups_by or not _kinds_differ(table)):
         raise ValueError(f"within {', '.join(groups_by)} leaves nothing that tells arms apart; give by (--by)")
     groups = ([_label(g, bare=len(groups_by) == 1) for g in _arm_values(table, groups_by)] if groups_by
               else [""] * table.num_rows)
@@ -171,9 +171,15 @@ def _arm_keys(table: pa.Table, by: str | list[str] | None) -> list[str]:
     keys = varying_axes(axes)
     if "target" in table.column_names and len(set(table.column("target").to_pylist())) > 1:
         keys.append("target")
-    if not keys:
+    if not keys and not _kinds_differ(table):
         raise ValueError("every trial has the same axes: there is one arm, nothing to compare")
     return keys
+
+
+def _kinds_differ(table: pa.Table) -> bool:
+    """Whether rows differ in family or match kind, which tells arms of one axes dict apart."""
+    columns = [table.column(c).to_pylist() for c in ("family", "match") if c in table.column_names]
+    return len(set(zip(*columns))) > 1 if columns else False
 
 
 def varying_axes(axes: list[dict]) -> list[str]:
