@@ -211,7 +211,9 @@ def pareto(objectives: Annotated[str, typer.Option(help="columns with directions
            = None,
            extrapolate: Annotated[Optional[float], typer.Option(help="the front at this parameter count, "
                                                                      "from each group's L(N) fit")] = None,
-           by: ByOpt = None, bootstrap: BootstrapOpt = 200, as_json: JsonOpt = False):
+           by: ByOpt = None, pool_arms: Annotated[bool, typer.Option(
+               "--pool-arms", help="with --extrapolate: one L(N) over each group's arms, not one per arm")] = False,
+           bootstrap: BootstrapOpt = 200, as_json: JsonOpt = False):
     """The non-dominated rows over two or more objectives, with the hypervolume."""
     from archsearch import analysis
 
@@ -224,7 +226,7 @@ def pareto(objectives: Annotated[str, typer.Option(help="columns with directions
     if extrapolate is not None:
         front = analysis.extrapolated_front(table, goals, extrapolate, by=by or ("family" if from_csv is None
                                                                                    else None),
-                                            bootstrap=bootstrap, reference=ref)
+                                            pool_arms=pool_arms, bootstrap=bootstrap, reference=ref)
     else:
         front = analysis.pareto(table, goals, reference=ref, matched=matched)
     if as_json:
@@ -234,7 +236,7 @@ def pareto(objectives: Annotated[str, typer.Option(help="columns with directions
 
     names = [c for c, _ in goals]
     if front.rows and "trial_id" not in front.rows[0]:  # CSV rows by number, extrapolated rows by group
-        first = "index" if extrapolate is None else (by or ("family" if from_csv is None else "group"))
+        first = "index" if extrapolate is None else next(iter(front.rows[0]))  # the arm or group
         rows = [dict(row, index=i) for i, row in zip(front.indices, front.rows)]
         front_table(rows, [first, *names])
     else:
@@ -248,7 +250,14 @@ def pareto(objectives: Annotated[str, typer.Option(help="columns with directions
 
 @app.command()
 @user_errors
-def fit(store: StoreOpt = DEFAULT_STORE, study: StudyOpt = None, from_csv: CsvOpt = None, by: ByOpt = None,
+def fit(store: StoreOpt = DEFAULT_STORE, study: StudyOpt = None, from_csv: CsvOpt = None,
+        by: Annotated[Optional[str], typer.Option("--by", help="group by this column or axis (default: family on a "
+                                                               "store, none on a CSV); every group is still fitted "
+                                                               "arm by arm (so --by arm, a looped study's axis, too)"
+                                                               " unless --pool-arms")] = None,
+        pool_arms: Annotated[bool, typer.Option("--pool-arms", help="one law over all the arms of each group (a "
+                                                                    "trend across them, not a scaling law)")]
+        = False,
         law: Annotated[str, typer.Option(help="laws to fit: N (params), C (compute), ND (Chinchilla)")] = "N,C,ND",
         n_col: Annotated[str, typer.Option(help="parameter count column")] = "params",
         d_col: Annotated[Optional[str], typer.Option(help="training tokens column (store: tokens)")] = None,
@@ -263,24 +272,22 @@ def fit(store: StoreOpt = DEFAULT_STORE, study: StudyOpt = None, from_csv: CsvOp
         compare: Annotated[Optional[str], typer.Option(help="effective-compute multiplier of B over A, as A,B")]
         = None,
         as_json: JsonOpt = False):
-    """Scaling-law fits per family (or --by), with bootstrap intervals."""
+    """Scaling-law fits, one per arm (named as the report names it; a family of one arm by the family), with
+    bootstrap intervals. An arm with too few sizes is listed as skipped, not fitted."""
     from archsearch import analysis
 
     table = _analysis_table(store, study, from_csv)
     points = [_point(text) for text in at or []]
     result = analysis.fit_scaling(
-        table, laws=law.split(","), by=by or ("family" if from_csv is None else None), loss_col=loss_col,
-        n_col=n_col, d_col=d_col or ("tokens" if from_csv is None else None), c_col=flops_col,
+        table, laws=law.split(","), by=by or ("family" if from_csv is None else None), pool_arms=pool_arms,
+        loss_col=loss_col, n_col=n_col, d_col=d_col or ("tokens" if from_csv is None else None), c_col=flops_col,
         drop_highest=drop_highest, bootstrap=bootstrap, level=level, seed=seed)
     out = result.to_dict()
     out["predictions"] = [dict(group=f.group, law=f.law.name, **f.predict(**p).to_dict())
                           for p in points for f in result.fits if set(f.law.variables) <= _with_d(p)]
     if compare:
-        pair = [g.strip() for g in compare.split(",")]
-        if len(pair) != 2:
-            raise ValueError(f"--compare '{compare}': give two groups, e.g. --compare transformer,mamba")
-        out["multipliers"] = [result.compute_multiplier(*pair, compute=next((p["C"] for p in points if "C" in p),
-                                                                            None))]
+        at_c = next((p["C"] for p in points if "C" in p), None)
+        out["multipliers"] = [result.compute_multiplier(*result.pair(compare), compute=at_c)]
     if as_json:
         typer.echo(json.dumps(out, indent=2))
         return
@@ -292,10 +299,13 @@ def fit(store: StoreOpt = DEFAULT_STORE, study: StudyOpt = None, from_csv: CsvOp
 @app.command()
 @user_errors
 def compare(baseline: Annotated[str, typer.Option(help="the arm every other is compared with: its label, or values "
-                                                       "only it has, e.g. transformer or memory.aux=none,family=memory")],
+                                                       "only it has, e.g. transformer or memory.aux=none,family=memory "
+                                                       "(a protocol's baseline: iso-param or iso_flop)")],
             store: StoreOpt = DEFAULT_STORE, study: StudyOpt = None, from_csv: CsvOpt = None,
             by: Annotated[Optional[str], typer.Option(help="columns or axes that make an arm, comma-separated "
-                                                           "(default: every axis that varies; a CSV must say)")]
+                                                           "(default: every axis that varies, arms alike but for their "
+                                                           "family or match told apart as the report does; a CSV "
+                                                           "must say)")]
             = None,
             within: Annotated[Optional[str], typer.Option(help="compare inside each group of these columns or "
                                                                "axes, e.g. family: each family's own baseline")]

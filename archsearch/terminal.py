@@ -145,12 +145,42 @@ def front_table(front: list[dict], columns: list[str]) -> None:
             table.add_row(*(_fmt(row.get(c)) for c in columns))
         _print(console(), table, wide=False)
         return
-    varying, shared = split_axes([row.get("axes") or {} for row in front])
-    axes, axis_cells = _axis_cells([row.get("axes") or {} for row in front], varying, wide=False)
+    from archsearch.analysis.arms import arm_labels
+
+    trainings = _trainings(front)
+    shown = [members[0] for members in trainings.values()]
+    varying, shared = split_axes([_shown_axes(row) for row in shown])
+    axes, axis_cells = _axis_cells([_shown_axes(row) for row in shown], varying, wide=False)
     table = _table(title, ["trial", *axes, *columns], text=("trial", "axes"))
-    for row, cells_of_axes in zip(front, axis_cells):
-        table.add_row(row["trial_id"], *cells_of_axes, *(_fmt(row.get(c)) for c in columns))
-    _print(console(), table, wide=False, note=_shared_line(shared))
+    for members, cells_of_axes in zip(trainings.values(), axis_cells):
+        row = members[0]
+        trial = row["trial_id"] + (f" (+{len(members) - 1})" if len(members) > 1 else "")
+        table.add_row(plain(trial), *cells_of_axes, *(_fmt(row.get(c)) for c in columns))
+    out = console()
+    _print(out, table, wide=False, note=_shared_line(shared))
+    for members in trainings.values():
+        if len(members) > 1:
+            out.print(plain(f"{members[0]['trial_id']} (+{len(members) - 1}): one training gives the result of "
+                            f"{len(members)} arms (twins: same spec, data, recipe and seed): "
+                            + "; ".join(arm_labels(members))))
+
+
+def _trainings(rows: list[dict]) -> dict[str, list[dict]]:
+    """Rows by the training that gave their result (``same_as``, else their own), in first-seen order."""
+    out: dict[str, list[dict]] = {}
+    for row in rows:
+        out.setdefault(row.get("same_as") or row["trial_id"], []).append(row)
+    return out
+
+
+def _shown_axes(row: dict) -> dict:
+    """A row's axes as the tables show them: a protocol's baseline by its protocol and model."""
+    from archsearch.analysis.arms import PROTOCOLS, axis_text
+
+    axes = row.get("axes") or {}
+    if "arm" in axes and row.get("match") in PROTOCOLS:
+        return {**axes, "arm": axis_text(row, "arm")}
+    return axes
 
 
 def fit_tables(result: dict) -> None:
@@ -209,7 +239,7 @@ def run_summary(summary, *, store: Path, report: Path) -> None:
                       style="red")
             return
         best = min(rows, key=lambda r: r["val_loss"])
-        axes = ", ".join(f"{k}={_axis(v)}" for k, v in best["axes"].items())
+        axes = ", ".join(f"{k}={_axis(v)}" for k, v in _shown_axes(best).items())
         out.print(f"best trial {plain(best['trial_id'])}: val_loss {best['val_loss']:.4f} at "
                   f"{best['params']:,} non-embedding params ({axes})")
         front_table(pareto_front(rows, DEFAULT_OBJECTIVES), ["val_loss", "params"])

@@ -13,7 +13,7 @@ import heapq
 from pathlib import Path
 
 import plotly.graph_objects as go
-from archsearch_dashboards.arms import group_labels, varying_axes
+from archsearch_dashboards.arms import axis_text, group_labels, varying_axes
 from archsearch_dashboards.figures import TEMPLATE, plan_figure
 from archsearch_dashboards.report import completed_rows, curve_metrics, curve_trials, views
 
@@ -42,19 +42,22 @@ def axis_names(rows: list[dict]) -> list[str]:
 
 
 def axis_values(rows: list[dict], axis: str | None) -> list[str]:
-    """The values ``axis`` takes among ``rows``, as text (trials without it are left out)."""
+    """The values ``axis`` takes among ``rows``, as the views show them
+    (``arms.axis_text``: an iso-param and an iso-FLOP baseline are two
+    values of ``arm``); trials without it are left out."""
     if not axis:
         return []
-    return sorted({str(r["axes"][axis]) for r in rows if r["axes"].get(axis) is not None})
+    return sorted({axis_text(r, axis) for r in rows if r["axes"].get(axis) is not None})
 
 
 def filter_rows(rows: list[dict], *, families: list[str] | None = None, axis: str | None = None,
                 values: list[str] | None = None) -> list[dict]:
-    """The rows of the chosen ``families`` (all when empty) whose ``axis`` is one of ``values`` (any when empty)."""
+    """The rows of the chosen ``families`` (all when empty) whose ``axis`` is one of ``values`` (any when empty),
+    a value as the views show it or as the study file wrote it (``baseline``: every protocol's baseline)."""
     if families:
         rows = [r for r in rows if r["family"] in families]
     if axis and values:
-        rows = [r for r in rows if str(r["axes"].get(axis)) in values]
+        rows = [r for r in rows if axis_text(r, axis) in values or str(r["axes"].get(axis)) in values]
     return rows
 
 

@@ -12,11 +12,20 @@ from __future__ import annotations
 import functools
 import html
 import itertools
-import json
 import zlib
 from collections import defaultdict
 
 import plotly.colors
+
+from archsearch.analysis.arms import (  # noqa: F401 (the views import these from here)
+    PROTOCOLS,
+    arm_axes,
+    arm_labels,
+    axis_text,
+    baseline_text,
+    decoded,
+)
+from archsearch.analysis.arms import arm_label as group_label  # noqa: F401
 
 # A scatter or parallel-coordinates view draws at most this many trials: past
 # it, the front, each arm's best and a fixed sample of the rest (see ``sample_rows``).
@@ -68,93 +77,9 @@ def text(value) -> str:
     return html.escape(str(value), quote=True)
 
 
-@per_rows
-def varying_axes(rows: list[dict]) -> list[str]:
-    """Axis names whose value differs between the trials that have them, in first-seen order.
-
-    A swept learning rate is tuning, not an arm, so it never splits a line;
-    an axis that is absent or None for a trial (one that applies to another
-    family only) does not count as a value.
-    """
-    names: dict[str, set] = {}
-    # rows of one arm often share one decoded dict (``report.completed_rows``): read each once
-    for axes in {id(row["axes"]): row["axes"] for row in rows}.values():
-        for name, value in axes.items():
-            if name == "lr" or value is None:
-                continue
-            names.setdefault(name, set()).add(repr(value))
-    return [name for name, values in names.items() if len(values) > 1]
-
-
-# The match kinds of a protocol's baseline arm (planner._baseline_arm), as a reader names them.
-PROTOCOLS = {"iso_param": "iso-param", "iso_flop": "iso-FLOP"}
-
-
-def axis_text(row: dict, axis: str) -> str:
-    """The value of ``axis`` for a row as views show it (raw, unescaped).
-
-    A protocol's baseline (``arm=baseline``) says which protocol matched it
-    and what model it is, from what the store recorded (``match`` and the
-    spec): an iso-param and an iso-FLOP baseline of one point are two arms.
-    """
-    value = row["axes"].get(axis)
-    if axis == "arm" and row.get("match") in PROTOCOLS:
-        return baseline_text(row)
-    return str(value)
-
-
-def baseline_text(row: dict) -> str:
-    """``baseline (iso-FLOP: 8-layer stack)``: a protocol baseline's protocol and model."""
-    spec = decoded(row["spec"])
-    layers = len(spec["layers"])
-    structure = spec.get("structure", "stack")
-    if structure == "stack":
-        model = f"{layers}-layer stack"
-    elif structure == "universal":
-        model = f"Universal Transformer, {layers} layers x {(spec.get('options') or {}).get('steps', '?')} steps"
-    else:
-        model = f"{structure}, {layers} layers"
-    return f"baseline ({PROTOCOLS[row['match']]}: {model})"
-
-
-def group_label(row: dict, axes: list[str]) -> str:
-    """The arm of a row: ``a=x, b=y`` over the varying axes that apply to it
-    (raw, unescaped); a protocol's baseline always says which it is."""
-    parts = [f"{a}={axis_text(row, a)}" for a in axes if row["axes"].get(a) is not None]
-    if row.get("match") in PROTOCOLS and "arm" not in axes:
-        parts.append(baseline_text(row))
-    return ", ".join(parts) or str(row.get("family", "all"))
-
-
-@per_rows
-def group_labels(rows: list[dict], axes: list[str]) -> list[str]:
-    """``group_label`` of each row, worked out once per distinct axes dict, family and match.
-
-    Rows of different families or match kinds that the axes alone would
-    label alike (a transformer matched on FLOPs and one matched on
-    parameters, in one store) get what differs appended, so that no two
-    arms share a label, a colour or a fit.
-    """
-    seen: dict[tuple, str] = {}
-    keys = []
-    for row in rows:
-        key = (id(row["axes"]), row.get("family"), row.get("match"))
-        if key not in seen:
-            seen[key] = group_label(row, axes)
-        keys.append(key)
-    _tell_apart(seen)
-    return [seen[key] for key in keys]
-
-
-def _tell_apart(labels: dict[tuple, str]) -> None:
-    """Append the family or match kind to labels that several (axes, family, match) keys share."""
-    for where, name in ((1, "family"), (2, "matched on")):
-        shared: dict[str, set] = defaultdict(set)
-        for key, label in labels.items():
-            shared[label].add(key[where])
-        for key, label in labels.items():
-            if len(shared[label]) > 1:
-                labels[key] = f"{label} ({name} {key[where]})"
+# the dashboards' arms are analysis's (``archsearch.analysis.arms``), worked out once per redraw
+varying_axes = per_rows(arm_axes)
+group_labels = per_rows(arm_labels)
 
 
 def arm_colours(rows: list[dict]) -> dict[str, str]:
@@ -197,11 +122,6 @@ def _rank_order(rows: list[dict]) -> list[str]:
 
 def _rank(trial_id) -> int:
     return zlib.crc32(str(trial_id).encode())
-
-
-def decoded(value):
-    """A JSON column as the store holds it (text) or already decoded."""
-    return json.loads(value) if isinstance(value, str) else value
 
 
 def _arms(rows: list[dict]) -> tuple[list[str], dict[str, list[dict]]]:

@@ -63,3 +63,43 @@ def cli_json(*args: str) -> dict:
     result = CliRunner().invoke(app, [*args, "--json"])
     assert result.exit_code == 0, result.output
     return json.loads(result.output)
+
+
+# A looped point's three arms under the two protocols, as (axes, match, layers, (E, A, alpha)) of
+# L(N) = E + A / N^alpha: the looped arm (2 layers looped twice), its iso-param baseline (the same
+# 2 layers once) and its iso-FLOP baseline (4 distinct layers), with one axes dict for both baselines.
+PROTOCOL_ARMS = {
+    "looped": ({"arm": "looped"}, "params", 2, (2.0, 30.0, 0.30)),
+    "param": ({"arm": "baseline"}, "iso_param", 2, (2.2, 30.0, 0.25)),
+    "flop": ({"arm": "baseline"}, "iso_flop", 4, (1.9, 30.0, 0.35)),
+}
+
+
+def protocol_loss(arm: str, n: float, seed: int) -> float:
+    e, a, alpha = PROTOCOL_ARMS[arm][3]
+    return e + a * n**-alpha + seed / 100
+
+
+def protocol_store(path: Path, *, sizes=(20_000,), seeds=range(3)) -> Path:
+    """A looped study run under ``budget.protocol`` iso_param and iso_flop into
+    one store: each of ``PROTOCOL_ARMS`` at each size and seed (loss
+    ``protocol_loss``), the looped arms matched on params."""
+    rows, losses = [], {}
+    for name, (axes, match, layers, _) in PROTOCOL_ARMS.items():
+        for n in sizes:
+            for seed in seeds:
+                trial_id = f"{name}-{n}-{seed}"
+                spec = {"family": "looped", "structure": "looped" if name == "looped" else "stack",
+                        "layers": [{"mixer": "mamba", "mlp_width": 8}] * layers}
+                rows.append(dict(trial_id=trial_id, spec=spec, axes={"family": "looped", "loops": 2, **axes},
+                                 seed=seed, match=match, target=float(n), achieved=float(n), params=int(n),
+                                 total_params=int(n) + 1000, flops_per_token=6.0 * n, match_error=0.0, d_model=16,
+                                 num_layers=layers, recipe={"steps": 1}, data={"kind": "task"}))
+                losses[trial_id] = protocol_loss(name, n, seed)
+    with A.open_store(path) as store:
+        store.add_study(name="loop", path="loop.yaml", config={})
+        store.add_trials("loop", rows)
+        for trial_id, loss in losses.items():
+            store.finish(trial_id, dict(train_loss=loss, val_loss=loss, val_accuracy=0.5, steps=10, tokens=20_000,
+                                        wall_time_s=1.0, tokens_per_s=1.0, curve=[]))
+    return path

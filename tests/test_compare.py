@@ -15,7 +15,7 @@ import pytest
 from scipy import stats
 
 from archsearch import analysis
-from tests.analysis_support import cli_json, one_line_error, write_store
+from tests.analysis_support import cli_json, one_line_error, protocol_loss, protocol_store, write_store
 
 SEEDS = range(5)
 
@@ -210,3 +210,43 @@ def test_within_compares_each_group_with_its_own_baseline():
     assert abs(titans.difference) < 0.01 and titans.p_value > 0.05
     with pytest.raises(ValueError, match="no arm of titans matches baseline 'reverse'"):
         analysis.compare_arms(rows, baseline="reverse", within="family")
+
+
+def test_the_iso_param_and_iso_flop_baselines_are_two_arms(tmp_path):
+    """A looped point run under both protocols into one store: its two
+    baselines share their axes (``arm: baseline``) but are two models, so by
+    default two arms, named in the JSON and the table by protocol and model,
+    each paired with the looped arm over its 3 seeds. Fails on the old arms, which pooled the 6 baseline
+    trials into one unpaired ``baseline``."""
+    from typer.testing import CliRunner
+
+    from archsearch.cli import app
+    store = protocol_store(tmp_path / "p.duckdb")
+    out = cli_json("compare", "--store", str(store), "--baseline", "iso-param")
+    assert out["baseline"] == "baseline (iso-param: 2-layer stack)"
+    (looped, flop) = sorted(out["differences"], key=lambda d: d["arm"], reverse=True)
+    assert (looped["arm"], flop["arm"]) == ("looped", "baseline (iso-FLOP: 4-layer stack)")
+    assert all(d["test"] == "paired t" and d["n_baseline"] == 3 for d in out["differences"])
+    gap = {arm: protocol_loss(arm, 20_000, 0) - protocol_loss("param", 20_000, 0) for arm in ("looped", "flop")}
+    assert looped["difference"] == pytest.approx(gap["looped"]) and flop["difference"] == pytest.approx(gap["flop"])
+    # the protocol as the study file spells it picks the same arm
+    assert cli_json("compare", "--store", str(store), "--baseline", "iso_flop")["baseline"] == flop["arm"]
+    table = CliRunner().invoke(app, ["compare", "--store", str(store), "--baseline", "iso-param"]).output
+    assert "baseline (iso-FLOP: 4-layer stack)" in " ".join(table.split())
+    assert "baseline 'baseline' matches 2 arms" in one_line_error("compare", "--store", str(store), "--baseline",
+                                                                   "baseline")
+
+
+def test_arms_alike_but_for_their_match_kind_are_two_arms():
+    """One transformer matched on parameters and one on FLOPs (two runs of a
+    study into one store) have one axes dict: by default two arms, as the
+    report names them, not the error that there is one arm."""
+    axes = {"family": "transformer", "num_layers": 4}
+    rows = [dict(axes=axes, family="transformer", match=match, seed=s, val_loss=3.0 + shift + s / 100)
+            for match, shift in (("params", 0.0), ("flops", -0.1)) for s in SEEDS]
+    result = analysis.compare_arms(rows, baseline="params")
+    assert result.baseline == "transformer (matched on params)"
+    (d,) = result.differences
+    assert d.arm == "transformer (matched on flops)" and d.difference == pytest.approx(-0.1) and d.paired
+    with pytest.raises(ValueError, match="every trial has the same axes"):
+        analysis.compare_arms([dict(r, match="params") for r in rows], baseline="transformer")

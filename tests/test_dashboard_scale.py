@@ -108,15 +108,16 @@ def test_one_redraw_works_each_arm_out_once(monkeypatch):
     are worked out once for it (``arms.per_rows``), not once per view, and
     each arm's fit once per app (kept while its points stay the same).
     Fails on the mutation that makes ``per_rows`` return ``function`` unwrapped."""
-    from archsearch_dashboards import arms as arm_rows
     from archsearch_dashboards import figures
     from archsearch_dashboards.report import views
+
+    from archsearch.analysis import arms as analysis_arms
 
     monkeypatch.setattr(figures, "_FIT_CACHE", {})
     rows = generated(3000, seed=4)
     labels, fits = [], []
-    label_of, fit_law = arm_rows.group_label, figures.fit_law
-    monkeypatch.setattr(arm_rows, "group_label", lambda row, axes: labels.append(1) or label_of(row, axes))
+    label_of, fit_law = analysis_arms.arm_label, figures.fit_law
+    monkeypatch.setattr(analysis_arms, "arm_label", lambda row, axes, **k: labels.append(1) or label_of(row, axes, **k))
     monkeypatch.setattr(figures, "fit_law", lambda *a, **k: fits.append(1) or fit_law(*a, **k))
     views(rows, [])
     arms = len({group_label(r, varying_axes(rows)) for r in rows})

@@ -110,8 +110,12 @@ def test_compute_multiplier_recovers_a_planted_efficiency_gain():
 
 
 def test_fit_on_a_store_groups_by_family_and_says_which_laws_it_could_not_fit(tmp_path):
+    """The store's two taper arms of a family follow the family's one law by
+    construction, so ``--pool-arms`` fits it per family (and a note says it pools)."""
     store = write_store(tmp_path / "s.duckdb")
-    out = fit_json("--store", str(store), "--bootstrap", "30", "--at", "N=1e9", "--compare", "transformer,mamba")
+    out = fit_json("--store", str(store), "--bootstrap", "30", "--at", "N=1e9", "--compare", "transformer,mamba",
+                   "--pool-arms")
+    assert all("one fit over 2 arms (they differ in taper)" in n for n in out["notes"][-2:])
     fitted = {(f["group"], f["law"]) for f in out["fits"]}
     assert fitted == {(f, law) for f in LAWS for law in ("L(N)", "L(C)")}
     # Every trial trains on 20 tokens per parameter: N and D move together, so L(N, D) is not identifiable.
@@ -132,8 +136,14 @@ def test_fit_groups_by_a_store_axis(tmp_path):
     with A.open_store(write_store(tmp_path / "s.duckdb"), read_only=True) as store:
         trials = analysis.completed_trials(store)
     assert trials.num_rows == len(LAWS) * len(SIZES)
-    fits = analysis.fit_scaling(trials.to_pandas(), laws=["N"], by="taper", bootstrap=0)
+    fits = analysis.fit_scaling(trials.to_pandas(), laws=["N"], by="taper", pool_arms=True, bootstrap=0)
     assert {f.group for f in fits.fits} == {"cosine", "uniform"}
+    # each taper holds both families' arms: unless pooled, each its own (4 or 3 sizes: 3 are too few)
+    apart = analysis.fit_scaling(trials.to_pandas(), laws=["N"], by="taper", bootstrap=0)
+    assert {f.group for f in apart.fits} == {"family=transformer, taper=uniform", "family=mamba, taper=cosine"}
+    assert [s["reason"] for s in apart.skipped] == [
+        "L(N) for family=mamba, taper=uniform: 3 points, need at least 4 (3 parameters)",
+        "L(N) for family=transformer, taper=cosine: 3 points, need at least 4 (3 parameters)"]
     assert fits.get("cosine", "N").estimates["alpha"].low is None  # no bootstrap, no interval
 
 
@@ -164,3 +174,33 @@ def test_the_objective_gradient_matches_finite_differences():
     step = 1e-7
     numeric = [(objective(theta + step * e)[0] - objective(theta - step * e)[0]) / (2 * step) for e in np.eye(5)]
     assert grad == pytest.approx(numeric, rel=1e-4, abs=1e-9)
+
+
+def test_a_looped_study_is_fitted_arm_by_arm_and_an_arm_of_too_few_sizes_says_so(tmp_path):
+    """A looped arm and its iso-param and iso-FLOP baselines (one family, three
+    laws, the baselines sharing their axes): by default one fit per arm, named
+    as the report names it, each recovering its own exponent; ``--by arm``
+    (the study's axis) still fits the two baselines apart; ``--pool-arms``
+    fits one law over all 15 points and says so. At 2 sizes no arm is fitted
+    and the error says why. Fails on the old default, one fit per family
+    (``looped``, through all three arms)."""
+    from tests.analysis_support import PROTOCOL_ARMS, protocol_store
+
+    store = str(protocol_store(tmp_path / "p.duckdb", sizes=(1e4, 3e4, 1e5, 3e5, 1e6), seeds=(0,)))
+    names = {"looped": "arm=looped", "param": "arm=baseline (iso-param: 2-layer stack)",
+             "flop": "arm=baseline (iso-FLOP: 4-layer stack)"}
+    fits = {f["group"]: f for f in fit_json("--store", store, "--law", "N", "--bootstrap", "5")["fits"]}
+    assert set(fits) == set(names.values())
+    for arm, name in names.items():
+        assert fits[name]["points"] == 5
+        assert fits[name]["estimates"]["alpha"]["value"] == pytest.approx(PROTOCOL_ARMS[arm][3][2], abs=0.02)
+    by_arm = fit_json("--store", store, "--law", "N", "--bootstrap", "5", "--by", "arm")
+    assert {f["group"] for f in by_arm["fits"]} == {"looped", names["param"], names["flop"]}
+    pooled = fit_json("--store", store, "--law", "N", "--bootstrap", "5", "--pool-arms")
+    assert [(f["group"], f["points"]) for f in pooled["fits"]] == [("looped", 15)]
+    assert any(n.startswith("looped: one fit over 3 arms (they differ in arm, match)") for n in pooled["notes"])
+
+    small = str(protocol_store(tmp_path / "s.duckdb", sizes=(1e4, 3e4)))
+    line = one_line_error("fit", "--store", small, "--law", "N")
+    assert line.startswith("error: nothing to fit: L(N) for arm=baseline (iso-FLOP: 4-layer stack): N takes 2 "
+                           "distinct values; the law needs at least 3")

@@ -146,9 +146,16 @@ def test_text_objective_on_a_store_is_one_line(tmp_path):
 
 
 def test_front_extrapolated_to_a_larger_scale(tmp_path):
-    """At 1e9 parameters mamba's law (E 1.4) is below the transformer's (E 1.5)."""
-    out = pareto_json("--store", str(write_store(tmp_path / "s.duckdb")), "--objectives",
-                      "val_loss,tokens_per_s", "--extrapolate", "1e9", "--bootstrap", "20")
+    """At 1e9 parameters mamba's law (E 1.4) is below the transformer's (E 1.5):
+    pooled over each family's two taper arms (one law by construction), and
+    arm by arm by default, where an arm of 3 sizes has no fit and says so."""
+    store = str(write_store(tmp_path / "s.duckdb"))
+    arms = pareto_json("--store", store, "--objectives", "val_loss,tokens_per_s", "--extrapolate", "1e9",
+                       "--bootstrap", "20")
+    assert [r["arm"] for r in arms["front"]] == ["family=mamba, taper=cosine"]
+    assert any("L(N) for family=mamba, taper=uniform: 3 points" in n for n in arms["notes"])
+    out = pareto_json("--store", store, "--objectives", "val_loss,tokens_per_s", "--extrapolate", "1e9",
+                      "--bootstrap", "20", "--pool-arms")
     (row,) = [r for r in out["front"] if r["family"] == "mamba"]
     assert row["params"] == 1e9 and row["extrapolated"]
     low, high = row["interval"]

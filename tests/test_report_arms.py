@@ -77,6 +77,20 @@ def test_iso_param_and_iso_flop_baselines_are_two_arms_in_every_view(tmp_path):
                                                                     "baseline (iso-FLOP: 4-layer stack)"}
 
 
+def test_the_app_filter_picks_the_iso_param_or_the_iso_flop_baseline_alone(tmp_path):
+    """The axis filter offers each baseline as the views name it, and picking
+    one shows that arm only: its 3 trials, not the other protocol's. Fails on
+    the old filter, whose only baseline value was ``baseline`` (both)."""
+    path = tmp_path / "p.duckdb"
+    protocol_store(path)
+    offered = refresh(path, axis="arm")["values"]
+    assert offered == ["baseline (iso-FLOP: 4-layer stack)", "baseline (iso-param: 2-layer stack)", "looped"]
+    view = refresh(path, axis="arm", values=["baseline (iso-FLOP: 4-layer stack)"])
+    assert view["summary"].startswith("3 of 9 completed trials shown")
+    assert {d.name for d in view["figures"]["pareto"].data} - {"Pareto front"} == {
+        "baseline (iso-FLOP: 4-layer stack)"}
+
+
 def test_a_universal_baseline_says_its_steps_and_arms_alike_but_for_their_match_are_told_apart():
     """HRM's baseline is a Universal Transformer over N x T steps; two
     transformers with one axes dict, matched on parameters and on FLOPs
@@ -134,13 +148,17 @@ def test_a_scaling_fit_is_one_arms_never_a_pool_of_arms():
 
 
 def test_archsearch_fit_says_when_a_family_fit_runs_over_several_arms():
-    """``fit`` by family over two taper schedules fits one law and says it
-    pools 2 arms; by the axis that tells them apart, each arm's own, no note."""
+    """``fit`` by family over two taper schedules, told to pool them, fits one
+    law and says it pools 2 arms; by the axis that tells them apart, each
+    arm's own, no note; by family as told by default, each arm's own too."""
     from archsearch.analysis import fit_scaling
 
     rows = rows_of({"uniform": ([1_000, 2_000, 4_000, 8_000], 3.0), "cosine": ([1_000, 2_000, 4_000, 8_000], 6.0)})
-    pooled = fit_scaling(rows, laws=("N",), by="family", d_col=None, bootstrap=5)
+    pooled = fit_scaling(rows, laws=("N",), by="family", pool_arms=True, d_col=None, bootstrap=5)
     assert [f.group for f in pooled.fits] == ["transformer"]
     assert any(n.startswith("transformer: one fit over 2 arms (they differ in taper.shape)") for n in pooled.notes)
     apart = fit_scaling(rows, laws=("N",), by="taper.shape", d_col=None, bootstrap=5)
     assert sorted(f.group for f in apart.fits) == ["cosine", "uniform"] and not apart.notes
+    default = fit_scaling(rows, laws=("N",), d_col=None, bootstrap=5)
+    assert sorted(f.group for f in default.fits) == ["taper.shape=cosine", "taper.shape=uniform"]
+    assert not default.notes

@@ -196,3 +196,37 @@ def test_numbers_have_one_format():
     assert [terminal._fmt(v) for v in (5738.4, 12742, 987.64, 1.79, None, True, 1e12)] == [
         "5,738", "12,742", "987.6", "1.790", "-", "yes", "1,000,000,000,000"]
     assert [terminal._axis(v) for v in (3.0, 1e-05, 4, "cosine")] == ["3.0", "1e-05", "4", "cosine"]
+
+
+def test_the_run_summary_front_names_both_baselines_and_shows_a_shared_training_once(tmp_path, capsys, monkeypatch):
+    """A looped study under both protocols: the front's baselines are named by
+    protocol and model, not both ``baseline``; the iso-param baseline of loops
+    2 and 4 is one model trained once (``same_as``), so it is one row that
+    names both arms, not two identical rows. Fails on the old table, which
+    showed ``baseline`` three times and the twin's row twice."""
+    from tests.dashboard_support import result, spec, trial
+
+    store = tmp_path / "loop.duckdb"
+    arms = [("flop-2", {"loops": 2, "arm": "baseline"}, "iso_flop", [24] * 4, 40_000, 2.4, None),
+            ("looped-2", {"loops": 2, "arm": "looped"}, "params", [32] * 2, 20_000, 2.5, None),
+            ("param-2", {"loops": 2, "arm": "baseline"}, "iso_param", [40] * 2, 10_000, 2.7, None),
+            ("param-4", {"loops": 4, "arm": "baseline"}, "iso_param", [40] * 2, 10_000, 2.7, "param-2")]
+    rows = []
+    for trial_id, axes, match, widths, params, _, twin in arms:
+        row = trial(trial_id, family="looped", axes=axes, params=params)
+        rows.append(dict(row, match=match, spec=spec("hybrid", widths), same_as=twin))
+    with A.open_store(store) as db:
+        db.add_study(name="loop", path="loop.yaml", config={})
+        db.add_trials("loop", rows)
+        for trial_id, *_, loss, twin in arms:
+            db.share(trial_id, twin) if twin else db.finish(trial_id, result(loss))
+    summary = RunSummary(study="loop", planned=4, skipped=0, completed=3, failed=0, wall_time_s=1.0, shared=1)
+    out = printed(capsys, monkeypatch, 120, terminal.run_summary, summary, store=store, report=tmp_path / "r.html")
+    lines = out.splitlines()
+    front = lines[next(i for i, line in enumerate(lines) if "Pareto front" in line):]
+    assert any(line.startswith("flop-2 ") and "baseline (iso-FLOP: 4-layer stack)" in line for line in front)
+    assert any(line.startswith("param-2 (+1) ") and "baseline (iso-param: 2-layer stack)" in line for line in front)
+    assert not any(line.startswith("param-4") for line in front)
+    assert ("param-2 (+1): one training gives the result of 2 arms (twins: same spec, data, recipe and seed): "
+            "loops=2, baseline (iso-param: 2-layer stack); loops=4, baseline (iso-param: 2-layer stack)"
+            ) in " ".join(out.split())

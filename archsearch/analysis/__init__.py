@@ -8,8 +8,8 @@ pandas or polars DataFrame, a list of row dicts or a dict of columns::
 
     with A.open_store("archsearch.duckdb", read_only=True) as store:
         trials = analysis.completed_trials(store)             # Arrow: .to_pandas(), polars.from_arrow
-    fits = analysis.fit_scaling(trials, by="family")          # L(N), L(C), L(N, D) per family
-    fits.get("mamba", "N").estimates["alpha"]                 # Estimate(value, low, high)
+    fits = analysis.fit_scaling(trials, by="family")          # L(N), L(C), L(N, D) per arm of each family
+    fits.get("mamba", "N").estimates["alpha"]                 # Estimate(value, low, high); a one-arm family's
     front = analysis.pareto(trials, "val_loss,params,tokens_per_s:max")
     front.indices, front.hypervolume
     diff = analysis.compare_arms(trials, baseline="transformer", by="family")  # over seeds

@@ -20,8 +20,13 @@ of the t-tests' p-values over all the comparisons (family-wise error at most
 1 - level).
 
 An arm is what names a trial but its seed: by default every axis whose value
-differs between the trials (and the budget target when there are several);
-``by`` names the columns or axes instead, pooling the rest. ``within`` (e.g.
+differs between the trials (and the budget target when there are several),
+and arms alike in those but for their family or match kind are told apart as
+the dashboards tell them (``arms.arm_labels``); ``by`` names the columns or
+axes instead, pooling the rest. A protocol's baseline is always an arm of its
+own, named by its protocol and model (``arm=baseline (iso-FLOP: 4-layer
+stack)``): an iso-param and an iso-FLOP baseline share their axes but are two
+models. ``within`` (e.g.
 ``family``) compares each arm with the baseline of its own group: taper
 schedules against each family's uniform MLPs.
 """
@@ -36,6 +41,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from archsearch.analysis.arms import PROTOCOLS, arm_label, arm_labels
 from archsearch.analysis.tables import as_table, numeric_column
 
 # permutation resamples when the exact set is larger (scipy enumerates it when it is not)
@@ -122,11 +128,11 @@ def compare_arms(data: Any, *, baseline: str, by: str | list[str] | None = None,
     seeds = numeric_column(table, seed_col, what="seed column")
     groups_by = _names(within) if within is not None else []
     keys = [k for k in _arm_keys(table, by) if k not in groups_by]
-    if not keys:
+    if not keys and (by is not None or groups_by or not _kinds_differ(table)):
         raise ValueError(f"within {', '.join(groups_by)} leaves nothing that tells arms apart; give by (--by)")
-    labels = [_label(arm, bare=len(keys) == 1) for arm in _arm_values(table, keys)]
     groups = ([_label(g, bare=len(groups_by) == 1) for g in _arm_values(table, groups_by)] if groups_by
-              else [""] * len(labels))
+              else [""] * table.num_rows)
+    labels = _labels(table, keys, groups, told_apart=by is None)
     kept = np.isfinite(values) & np.isfinite(seeds)
     notes = [f"left out {int((~kept).sum())} rows without a finite {metric}"] if (~kept).any() else []
     arms: dict[str, dict[str, tuple[list[float], list[float]]]] = {}
@@ -165,9 +171,15 @@ def _arm_keys(table: pa.Table, by: str | list[str] | None) -> list[str]:
     keys = varying_axes(axes)
     if "target" in table.column_names and len(set(table.column("target").to_pylist())) > 1:
         keys.append("target")
-    if not keys:
+    if not keys and not _kinds_differ(table):
         raise ValueError("every trial has the same axes: there is one arm, nothing to compare")
     return keys
+
+
+def _kinds_differ(table: pa.Table) -> bool:
+    """Whether rows differ in family or match kind, which tells arms of one axes dict apart."""
+    columns = [table.column(c).to_pylist() for c in ("family", "match") if c in table.column_names]
+    return len(set(zip(*columns))) > 1 if columns else False
 
 
 def varying_axes(axes: list[dict]) -> list[str]:
@@ -215,6 +227,27 @@ def _arm_values(table: pa.Table, keys: list[str]) -> list[list[tuple[str, Any]]]
             for i in range(table.num_rows)]
 
 
+def _labels(table: pa.Table, keys: list[str], groups: list[str], *, told_apart: bool) -> list[str]:
+    """Each row's arm over ``keys``: ``a=x b=y``, or the values alone under
+    one key, a protocol's baseline by its protocol and model; ``told_apart``
+    (the default arms): rows of one group alike but for family or match kind
+    get it appended."""
+    columns = {c: table.column(c).to_pylist() for c in ("family", "match", "spec") if c in table.column_names}
+    rows = [{"axes": {name: _text(value) for name, value in pairs}, **{c: v[i] for c, v in columns.items()}}
+            for i, pairs in enumerate(_arm_values(table, keys))]
+    bare = len(keys) == 1
+    if not told_apart:
+        return [arm_label(row, keys, separator=" ", bare=bare) for row in rows]
+    labels = [""] * len(rows)
+    members: dict[str, list[int]] = {}
+    for i, group in enumerate(groups):
+        members.setdefault(group, []).append(i)
+    for held in members.values():  # arms of different groups are never compared: each group's told apart alone
+        for i, label in zip(held, arm_labels([rows[i] for i in held], keys, separator=" ", bare=bare)):
+            labels[i] = label
+    return labels
+
+
 def _label(pairs: list[tuple[str, Any]], *, bare: bool) -> str:
     """``transformer`` (``bare``: arms named by one column), else ``family=memory memory.aux=self``."""
     if bare:
@@ -236,7 +269,9 @@ def _pick_baseline(text: str, labels: list[str], *, group: str = "") -> str:
 
     def holds(label: str) -> bool:
         parts = label.split(" ")
-        words = set(parts) | {p.partition("=")[2] for p in parts}
+        # a protocol's baseline by its protocol: iso-FLOP (as shown) or iso_flop (as the study file says)
+        words = set(parts) | {p.partition("=")[2] for p in parts} | {p.strip("(),:") for p in parts}
+        words |= {kind for kind, name in PROTOCOLS.items() if f"({name}" in label}
         return all(term in words for term in terms)
 
     found = [label for label in labels if holds(label)]

@@ -8,14 +8,14 @@ or 6 N D otherwise.
 
 from __future__ import annotations
 
-import json
+from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
-from archsearch.analysis.compare import varying_axes
+from archsearch.analysis.arms import arm_axes, arm_labels, table_rows
 from archsearch.analysis.fit import ScalingFit, compute_multiplier, fit_law, law_named
 from archsearch.analysis.pareto import Front, pareto, parse_objectives
 from archsearch.analysis.tables import as_table, decoded_rows, group_labels, numeric_column
@@ -46,18 +46,35 @@ class Fits:
             compute = min(base.ranges["C"][1], them.ranges["C"][1])
         return compute_multiplier(base, them, compute)
 
+    def pair(self, text: str) -> tuple[str, str]:
+        """``A,B`` as two fitted groups, split at the comma that leaves a group
+        on each side (an arm's name holds commas: ``arm=looped, loops=2``)."""
+        groups = {f.group for f in self.fits}
+        for at in (i for i, c in enumerate(text) if c == ","):
+            first, second = text[:at].strip(), text[at + 1:].strip()
+            if first in groups and second in groups:
+                return first, second
+        raise ValueError(f"--compare '{text}': give two fitted groups as A,B, e.g. --compare transformer,mamba; "
+                         f"fitted: {'; '.join(sorted(groups))}")
+
     def to_dict(self) -> dict:
         return {"fits": [f.to_dict() for f in self.fits], "skipped": self.skipped, "notes": self.notes}
 
 
 def fit_scaling(data: Any, *, laws: Sequence[str] = ("N", "C", "ND"), by: str | None = "family",
-                loss_col: str = "val_loss", n_col: str | None = "params", d_col: str | None = "tokens",
-                c_col: str | None = None, drop_highest: int = 0, bootstrap: int = 200, level: float = 0.95,
-                seed: int = 0, grid: bool = True) -> Fits:
+                pool_arms: bool = False, loss_col: str = "val_loss", n_col: str | None = "params",
+                d_col: str | None = "tokens", c_col: str | None = None, drop_highest: int = 0,
+                bootstrap: int = 200, level: float = 0.95, seed: int = 0, grid: bool = True) -> Fits:
     """Fit each of ``laws`` to each group of ``data`` (any table; see ``tables.as_table``).
 
-    ``by`` is a column or a store axis (None: one group, ``all``);
-    ``drop_highest`` leaves out that many highest-loss points of each group
+    ``by`` is a column or a store axis (None: one group, ``all``). A fit
+    runs over one arm: a group that holds several arms of a store (its
+    ``axes`` differ, a lr aside, or its match kind: a looped arm beside its
+    iso-param and iso-FLOP baselines) is fitted arm by arm, each fit named
+    as the report names the arm (``arms.arm_labels``); a group of one arm
+    keeps the group's name. ``pool_arms`` fits one law over each group's
+    arms instead (a trend across them, and a note says so).
+    ``drop_highest`` leaves out that many highest-loss points of each fit
     (as Besiroglu et al. did with Chinchilla's). Rows without a loss (trials
     not finished) are left out. A group a law cannot be fitted to is listed
     in ``skipped`` with the reason; a table none can be fitted to raises a
@@ -69,7 +86,7 @@ def fit_scaling(data: Any, *, laws: Sequence[str] = ("N", "C", "ND"), by: str | 
     laws = [law_named(law) for law in laws]
     columns, notes = _variables(table, n_col=n_col, d_col=d_col, c_col=c_col)
     loss = numeric_column(table, loss_col)
-    labels = np.array(group_labels(table, by), dtype=object)
+    labels = np.array(fit_groups(table, by, pool_arms=pool_arms), dtype=object)
     fits, skipped = [], []
     for group in sorted(set(labels[np.isfinite(loss)])):
         for law in laws:
@@ -82,46 +99,71 @@ def fit_scaling(data: Any, *, laws: Sequence[str] = ("N", "C", "ND"), by: str | 
             except ValueError as err:
                 skipped.append({"group": group, "law": law.name, "reason": str(err)})
     if not fits:
-        reasons = "; ".join(dict.fromkeys(s["reason"] for s in skipped)) or f"no rows with a {loss_col}"
-        raise ValueError(f"nothing to fit: {reasons}")
-    return Fits(fits=fits, skipped=skipped, notes=notes + _pooled_arms(table, labels, {f.group for f in fits}))
+        reasons = list(dict.fromkeys(s["reason"] for s in skipped))
+        more = f"; and {len(reasons) - MAX_REASONS} more" if len(reasons) > MAX_REASONS else ""
+        raise ValueError(f"nothing to fit: {'; '.join(reasons[:MAX_REASONS]) or f'no rows with a {loss_col}'}"
+                         + more)
+    pooled = _pooled_arms(table, labels, {f.group for f in fits}) if pool_arms else []
+    return Fits(fits=fits, skipped=skipped, notes=notes + pooled)
+
+
+# The reasons ``nothing to fit`` names (a study of one size has one per arm and law).
+MAX_REASONS = 3
+
+
+def fit_groups(table, by: str | None, *, pool_arms: bool = False) -> list[str]:
+    """The fit each row belongs to: its ``by`` group (``tables.group_labels``)
+    where that group holds one arm, else its arm as the report names it
+    (``arms.arm_labels``; ``group: arm`` where one arm spans several groups);
+    with ``pool_arms``, or a table without a store's ``axes``, its group."""
+    groups = group_labels(table, by)
+    if pool_arms or "axes" not in table.column_names:
+        return groups
+    arms = arm_labels(table_rows(table))
+    held, homes = defaultdict(set), defaultdict(set)
+    for group, arm in zip(groups, arms):
+        held[group].add(arm)
+        homes[arm].add(group)
+    return [group if len(held[group]) == 1 else arm if len(homes[arm]) == 1 else f"{group}: {arm}"
+            for group, arm in zip(groups, arms)]
 
 
 def _pooled_arms(table, labels: np.ndarray, groups: set[str]) -> list[str]:
-    """A note for each fitted group that holds several arms of a store: rows
-    whose axes (a swept lr aside) or match kind differ, such as a family's
-    taper schedules, or a looped arm beside its iso-param and iso-FLOP
-    baselines. One law over them is a trend across architectures, not any
-    one's scaling law."""
+    """A note for each fitted group that holds several arms of a store
+    (``pool_arms``): rows whose axes (a swept lr aside) or match kind differ,
+    such as a family's taper schedules, or a looped arm beside its iso-param
+    and iso-FLOP baselines. One law over them is a trend across
+    architectures, not any one's scaling law."""
     if "axes" not in table.column_names:
         return []
-    axes = [{k: v for k, v in (json.loads(a) if isinstance(a, str) else a or {}).items() if k != "lr"}
-            for a in table.column("axes").to_pylist()]
-    match = table.column("match").to_pylist() if "match" in table.column_names else [None] * len(axes)
+    rows = table_rows(table)
+    arms = arm_labels(rows)
     notes = []
     for group in sorted(groups):
-        rows = np.flatnonzero(labels == group)
-        arms = {(json.dumps(axes[i], sort_keys=True, default=str), match[i]) for i in rows}
-        if len(arms) < 2:
+        members = np.flatnonzero(labels == group)
+        count = len({arms[i] for i in members})
+        if count < 2:
             continue
-        differ = varying_axes([axes[i] for i in rows])
-        if len({match[i] for i in rows}) > 1:
+        differ = arm_axes([rows[i] for i in members])
+        if len({rows[i].get("match") for i in members}) > 1:
             differ.append("match")
-        notes.append(f"{group}: one fit over {len(arms)} arms (they differ in {', '.join(differ)}), a trend "
-                     "across them rather than one arm's scaling law; --by an axis of theirs fits each apart")
+        notes.append(f"{group}: one fit over {count} arms (they differ in {', '.join(differ)}), a trend "
+                     "across them rather than one arm's scaling law; without --pool-arms each arm is fitted apart")
     return notes
 
 
 def extrapolated_front(data: Any, objectives: str | Sequence[tuple[str, str]], scale: float, *,
-                       by: str | None = "family", n_col: str = "params", loss_col: str | None = None,
-                       bootstrap: int = 200, level: float = 0.95, seed: int = 0,
+                       by: str | None = "family", pool_arms: bool = False, n_col: str = "params",
+                       loss_col: str | None = None, bootstrap: int = 200, level: float = 0.95, seed: int = 0,
                        reference: Sequence[float] | None = None) -> Front:
-    """The front at ``n_col = scale``, one row per group of ``by``.
+    """The front at ``n_col = scale``, one row per fit of ``fit_scaling``: per
+    arm of each group of ``by`` (a group of one arm by the group's name,
+    under the key ``arm``), or with ``pool_arms`` per group (under ``by``).
 
-    Each group's ``loss_col`` (default: the first objective) is its L(N) fit's
+    Each fit's ``loss_col`` (default: the first objective) is its L(N)
     prediction at ``scale``, with the confidence and prediction intervals;
-    the other objectives are those of the group's largest trial, and the
-    notes say so. ``Front.indices`` number these group rows.
+    the other objectives are those of its largest trial, and the notes say
+    so. ``Front.indices`` number these rows.
     """
     objectives = parse_objectives(objectives) if isinstance(objectives, str) else list(objectives)
     loss_col = loss_col or objectives[0][0]
@@ -130,24 +172,25 @@ def extrapolated_front(data: Any, objectives: str | Sequence[tuple[str, str]], s
     if not scale > 0:
         raise ValueError(f"extrapolate to {n_col}={scale:g}: the scale must be positive")
     table = as_table(data)
-    fits = fit_scaling(table, laws=("N",), by=by, loss_col=loss_col, n_col=n_col, d_col=None,
-                       bootstrap=bootstrap, level=level, seed=seed)
-    labels, sizes = np.array(group_labels(table, by), dtype=object), numeric_column(table, n_col)
+    fits = fit_scaling(table, laws=("N",), by=by, pool_arms=pool_arms, loss_col=loss_col, n_col=n_col,
+                       d_col=None, bootstrap=bootstrap, level=level, seed=seed)
+    labels = np.array(fit_groups(table, by, pool_arms=pool_arms), dtype=object)
+    sizes = numeric_column(table, n_col)
+    key = (by or "group") if pool_arms else "arm"
     carried = [c for c, _ in objectives if c not in (loss_col, n_col)]
     rows = []
     for fit in fits.fits:
         prediction = fit.predict(N=scale)
         members = np.flatnonzero((labels == fit.group) & np.isfinite(sizes))
         largest = decoded_rows(table.take([int(members[np.argmax(sizes[members])])]))[0]
-        rows.append({by or "group": fit.group, loss_col: prediction.loss.value, n_col: scale,
+        rows.append({key: fit.group, loss_col: prediction.loss.value, n_col: scale,
                      "interval": [prediction.loss.low, prediction.loss.high],
                      "prediction_interval": [prediction.prediction_low, prediction.prediction_high],
                      "extrapolated": prediction.extrapolated, "carried_from": largest.get("trial_id"),
                      **{c: largest.get(c) for c in carried}})
-    notes = [f"{loss_col} predicted at {n_col}={scale:g} from each {by or 'group'}'s L(N) fit "
-             f"({level:.0%} intervals)"]
+    notes = [f"{loss_col} predicted at {n_col}={scale:g} from each {key}'s L(N) fit ({level:.0%} intervals)"]
     if carried:
-        notes.append(f"{', '.join(carried)} taken from each {by or 'group'}'s largest trial")
+        notes.append(f"{', '.join(carried)} taken from each {key}'s largest trial")
     notes += [f"{s['group']}: {s['reason']}" for s in fits.skipped]
     front = pareto(rows, objectives, reference=reference, matched="achieved")
     return replace(front, notes=notes + front.notes)
