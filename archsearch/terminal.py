@@ -186,11 +186,19 @@ def _shown_axes(row: dict) -> dict:
 def fit_tables(result: dict) -> None:
     """Scaling-law fits, one row per group and law, each estimate with its interval;
     then predictions, multipliers, skipped fits and notes."""
-    names = ["E", "A", "B", "alpha", "beta"]
+    # the constants some fit has: B and beta only where an L(N, D) was fitted
+    names = [n for n in ["E", "A", "B", "alpha", "beta"] if any(n in fit["estimates"] for fit in result["fits"])]
     table = _table("scaling-law fits", ["group", "law", "points", *names], text=("group", "law"))
     for fit in result["fits"]:
-        cells = [_estimate(fit["estimates"].get(n)) for n in names]
-        table.add_row(plain(fit["group"]), fit["law"], str(fit["points"]), *cells)
+        # each estimate over its interval's two ends, so the columns stay narrow enough for the
+        # group's axes at 80 columns
+        cells = [_estimate(fit["estimates"].get(n)).replace(" [", "\n[", 1).replace(", ", ",\n") for n in names]
+        # a group's axes one a line, so a narrow terminal folds between them, not inside a value
+        table.add_row(plain(fit["group"]).replace(", ", ",\n"), fit["law"], str(fit["points"]), *cells)
+    # every column as wide as its longest line: rich would otherwise narrow all columns alike
+    # and fold the group's axes inside their values
+    for column in table.columns:
+        column.min_width = max((len(line) for cell in column.cells for line in str(cell).split("\n")), default=1)
     out = console()
     _print(out, table, wide=False)
     for p in result.get("predictions", []):
@@ -211,8 +219,18 @@ def _estimate(estimate: dict | None) -> str:
     if estimate is None:
         return ""
     if estimate["low"] is None:
-        return _fmt(estimate["value"])
-    return f"{_fmt(estimate['value'])} [{_fmt(estimate['low'])}, {_fmt(estimate['high'])}]"
+        return _fit_number(estimate["value"])
+    low, high = _fit_number(estimate["low"]), _fit_number(estimate["high"])
+    return f"{_fit_number(estimate['value'])} [{low}, {high}]"
+
+
+def _fit_number(value) -> str:
+    """A fitted constant: as `_fmt` up to a million, in scientific notation beyond (a law's A
+    can be 1e20, whose 27 digits would push the table past any terminal) and below 1e-3."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value != 0 and (
+            abs(value) >= 1e6 or abs(value) < 1e-3):
+        return f"{value:.4g}"
+    return _fmt(value)
 
 
 def run_summary(summary, *, store: Path, report: Path) -> None:

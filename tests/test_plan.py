@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_quickstart_trials_hit_their_targets_within_one_percent():
     study = A.load_study(ROOT / "studies" / "quickstart.yaml")
     trials = A.plan(study)
-    assert len(trials) == 4 * 3  # four shapes x three targets
+    assert len(trials) == 4 * 4  # four shapes x four targets
     for trial in trials:
         assert abs(trial.match_error) <= 0.01
         assert trial.params == count_params(trial.spec)
