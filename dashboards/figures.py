@@ -88,7 +88,7 @@ def scaling_figure(rows: list[dict], *, x: str = "params", y: str = "val_loss", 
         if label in fits:
             _add_fit(fig, fits[label], name=text(label), colour=colours[label])
     fig.update_xaxes(type="log", title=_title(x))
-    fig.update_yaxes(type="log", title=_title(y))
+    fig.update_yaxes(type="log", title=_title(y), range=_log_range(fig))
     sampled = max(len(m) for m in groups.values()) > MAX_FIT_POINTS
     fitted = f", fitted on {MAX_FIT_POINTS} trials of each larger arm" if sampled else ""
     note = _unfitted_note(unfitted, len(groups))
@@ -97,6 +97,19 @@ def scaling_figure(rows: list[dict], *, x: str = "params", y: str = "val_loss", 
                             + (f"<br><sup>{note}</sup>" if note else ""),
                       template=TEMPLATE, legend_title="arm")
     return fig
+
+
+def _log_range(fig: go.Figure) -> list[float] | None:
+    """The y range (log10) of the points and fitted lines, with a margin: a band of a fit on few
+    sizes can span decades at its ends, and left to autorange it would flatten every point
+    into one line (the band is clipped at the plot's edge instead)."""
+    ys = [v for trace in fig.data if trace.fill is None and trace.y is not None
+          for v in trace.y if v is not None and v > 0 and np.isfinite(v)]
+    if not ys:
+        return None
+    low, high = np.log10(min(ys)), np.log10(max(ys))
+    margin = max(0.08 * (high - low), 0.01)
+    return [low - margin, high + margin]
 
 
 # The arms a scaling plot's subtitle names when some have no fit (the rest are counted).

@@ -10,6 +10,7 @@ plot says so. No torch, no Ray: stores and rows written by hand.
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from archsearch_dashboards.app import refresh
@@ -145,6 +146,22 @@ def test_a_scaling_fit_is_one_arms_never_a_pool_of_arms():
         line = lines[f"taper.shape={shape} fit"]
         assert line.x[0] == pytest.approx(sizes[0]) and line.x[-1] == pytest.approx(2 * sizes[-1])
         assert line.y[0] == pytest.approx(2 + scale * sizes[0] ** -0.3, rel=0.01)
+
+
+def test_a_wide_band_does_not_set_the_scaling_plots_y_range():
+    """A fit on four noisy sizes has a band spanning decades at its ends; the y axis keeps to the
+    points and lines (log10, a small margin), so the points stay apart. Fails on autorange,
+    which let the quickstart's bands flatten every point into one line."""
+    rows = rows_of({"uniform": ([1_000, 2_000, 4_000, 8_000], 3.0)}, seeds=1)
+    for row, wobble in zip(rows, (0.3, -0.2, 0.25, -0.3)):  # far off the law: a loose fit
+        row["val_loss"] += wobble
+    fig = scaling_figure(rows, bootstrap=20)
+    low, high = fig.layout.yaxis.range
+    ys = [v for d in fig.data if d.fill is None for v in d.y]
+    assert low < math.log10(min(ys)) and math.log10(max(ys)) < high
+    assert high - low < 1.5 * (math.log10(max(ys)) - math.log10(min(ys))) + 0.03
+    band = next(d for d in fig.data if d.fill == "toself")
+    assert max(band.y) > 10 ** high or min(band.y) < 10 ** low  # the band is wider, and clipped
 
 
 def test_archsearch_fit_says_when_a_family_fit_runs_over_several_arms():
