@@ -26,6 +26,8 @@ from archsearch.cli_common import (
     _fail,
     _writing,
     leave_now,
+    reading,
+    require_study,
     user_errors,
 )
 
@@ -95,9 +97,8 @@ def _run(study_path: Path, *, store: Path, address, max_parallel, report, progre
     if resume:
         if not store.exists():
             raise StoreError(f"no store at {store}; nothing to resume (use `archsearch run {study_path}`)")
-        with A.open_store(store, read_only=True) as db:
-            if study.name not in db.studies().column("name").to_pylist():
-                raise StoreError(f"study '{study.name}' is not in {store}; start it with `archsearch run`")
+        with reading(store) as db:
+            require_study(db, study.name, store, f"start it with `archsearch run {study_path}`")
     with _writing(store.parent, "the store's folder"):
         store.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -163,13 +164,12 @@ def status(store: StoreOpt = DEFAULT_STORE, study: StudyOpt = None, as_json: Jso
                                                                   "(needs --address)")] = None,
            address: JobAddressOpt = None):
     """Studies and trials in a store (or, with --job, a submitted job)."""
-    import archsearch as A
     from archsearch.terminal import status_tables
 
     if job is not None:
         _job_status(job, address, as_json=as_json)
         return
-    with A.open_store(store, read_only=True) as db:
+    with reading(store, study) as db:
         status_tables(db, study=study, as_json=as_json, wide=wide)
 
 
@@ -336,9 +336,7 @@ def _analysis_table(store: Path, study: Optional[str], from_csv: Optional[Path])
 
     if from_csv is not None:
         return analysis.read_csv(from_csv)
-    import archsearch as A
-
-    with A.open_store(store, read_only=True) as db:
+    with reading(store, study) as db:
         return analysis.completed_trials(db, study)
 
 
@@ -371,9 +369,7 @@ def report(output: Annotated[Optional[Path], typer.Option(
     """A self-contained interactive HTML report, or its figures as PNG files."""
     from archsearch_dashboards.report import write_pngs, write_report
 
-    import archsearch as A
-
-    with A.open_store(store, read_only=True) as db:
+    with reading(store, study) as db:
         if png is not None:
             with _writing(png, "PNG files to"):
                 for path in write_pngs(db, png, study=study):
@@ -393,8 +389,8 @@ def dashboard(store: StoreOpt = DEFAULT_STORE,
               host: Annotated[str, typer.Option(help="address to serve on (loopback by default)")] = "127.0.0.1",
               port: Annotated[int, typer.Option(help="port to serve on")] = 8050):
     """The live dashboard: figures that redraw as trials finish (Ctrl-C stops it)."""
-    if not store.exists():
-        _fail(f"no store at {store}; run a study first (archsearch run STUDY) or pass --store PATH", 2)
+    with reading(store):  # a store it cannot read: one line now, not an error on every redraw
+        pass
     try:
         from archsearch_dashboards.app import serve
     except ImportError as err:
@@ -408,9 +404,7 @@ def dashboard(store: StoreOpt = DEFAULT_STORE,
 def export(parquet: Annotated[Path, typer.Option("--parquet", help="folder to write one .parquet per table")],
            store: StoreOpt = DEFAULT_STORE):
     """The store as Parquet files."""
-    import archsearch as A
-
-    with A.open_store(store, read_only=True) as db, _writing(parquet, "Parquet files to"):
+    with reading(store) as db, _writing(parquet, "Parquet files to"):
         for path in db.export_parquet(parquet):
             typer.echo(path)
 

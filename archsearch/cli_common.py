@@ -44,6 +44,31 @@ def _writing(path: Path, what: str):
         _fail(f"cannot write {what} {path}: {reason}; choose another path", 2)
 
 
+def require_study(db, study: str, store: Path, fix: str) -> None:
+    """Raise StoreError (exit 2) unless ``study`` is in the open store ``db``;
+    the line names the studies it holds and ends with ``fix``."""
+    from archsearch.errors import StoreError, did_you_mean
+
+    names = db.studies().column("name").to_pylist()
+    if study not in names:
+        hint = did_you_mean(study, names)
+        held = ", ".join(f"'{n}'" for n in names) or "none"
+        raise StoreError(f"study '{study}' is not in {store} (it holds {held}"
+                         f"{'; ' + hint if hint else ''}); {fix}")
+
+
+@contextmanager
+def reading(store: Path, study: str | None = None):
+    """The store a command reads, opened read-only, with ``--study`` (when
+    given) checked to be in it: either missing is one line and exit 2."""
+    import archsearch as A
+
+    with A.open_store(store, read_only=True) as db:
+        if study is not None:
+            require_study(db, study, store, "see `archsearch status --store PATH` for its studies")
+        yield db
+
+
 def user_errors(command):
     """Turn every error a user can cause into one line and a non-zero exit."""
 

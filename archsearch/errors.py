@@ -38,7 +38,11 @@ class SpecError(ArchsearchError):
 
 
 class StoreError(ArchsearchError):
-    """The results store is missing, locked or holds something unexpected."""
+    """The store the user named is missing, unreadable, busy, of another
+    schema version, or lacks the study asked for: theirs to fix (another
+    --store, --study, or waiting for a run), so exit 2 like a bad file."""
+
+    exit_code = 2
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str | None:

@@ -109,14 +109,14 @@ def test_plan_prints_markup_in_values_literally_at_80_columns(tmp_path):
 
 def test_resume_without_a_store_or_without_the_study_says_so(tmp_path, filled):
     study = write_study(tmp_path)
-    one_line_error(invoke("resume", study, "--store", tmp_path / "none.duckdb"), 1,
+    one_line_error(invoke("resume", study, "--store", tmp_path / "none.duckdb"), 2,
                    f"no store at {tmp_path / 'none.duckdb'}; nothing to resume", f"archsearch run {study}")
     _, store, _ = filled
     other = tmp_path / "other"
     other.mkdir()
     renamed = write_study(other)
     renamed.write_text(renamed.read_text().replace("name: tiny", "name: other", 1))
-    one_line_error(invoke("resume", renamed, "--store", store), 1, f"study 'other' is not in {store}")
+    one_line_error(invoke("resume", renamed, "--store", store), 2, f"study 'other' is not in {store}")
 
 
 def test_report_and_export_to_unwritable_paths_fail_in_one_line(filled, tmp_path):

@@ -446,7 +446,7 @@ def test_a_second_run_on_a_busy_store_refuses_in_one_line_before_starting_ray(ti
     store = tmp_path / "s.duckdb"
     with RunLock(store, study="other"):
         result = CliRunner().invoke(app, ["run", str(tiny_study), "--store", str(store)])
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert result.output.startswith(f"error: {store} is being written by another run (study 'other', pid")
     assert result.output.count("\n") == 1
 

@@ -49,6 +49,8 @@ GRID_EXPONENT = (0.0, 0.5, 1.0, 1.5, 2.0)
 # L-BFGS-B stopping rules: relative change of the objective and largest
 # projected gradient component. See the module docstring for why so tight.
 FTOL, GTOL, MAX_ITER = 1e-15, 1e-12, 10_000
+# The log of the largest float: exp of more overflows (see _exp).
+LOG_MAX = float(np.log(np.finfo(float).max))
 SOLVERS = ("auto", "lbfgs")
 
 
@@ -159,8 +161,8 @@ class ScalingFit:
                               extrapolated=extrapolated)
         log_draws = _log_loss_of_draws(self.draws, log_x)[:, 0]
         noise = np.random.default_rng(0).choice(self.residuals, size=len(log_draws))
-        low, high = _interval(np.exp(log_draws), self.level)
-        prediction_low, prediction_high = _interval(np.exp(log_draws + noise), self.level)
+        low, high = _interval(_exp(log_draws), self.level)
+        prediction_low, prediction_high = _interval(_exp(log_draws + noise), self.level)
         return Prediction(at=at, loss=Estimate(value=value, low=low, high=high), prediction_low=prediction_low,
                           prediction_high=prediction_high, extrapolated=extrapolated)
 
@@ -174,7 +176,7 @@ class ScalingFit:
         value = np.exp(_log_loss(self.theta, log_x))
         if not len(self.draws):
             return value, None, None
-        losses = np.nan_to_num(np.exp(_log_loss_of_draws(self.draws, log_x)), nan=np.inf,
+        losses = np.nan_to_num(_exp(_log_loss_of_draws(self.draws, log_x)), nan=np.inf,
                                posinf=np.finfo(float).max)  # as in _interval
         low, high = np.quantile(losses, [(1 - self.level) / 2, (1 + self.level) / 2], axis=0)
         return value, low, high
@@ -287,10 +289,17 @@ def compute_multiplier(baseline: ScalingFit, other: ScalingFit, compute: float) 
             raise ValueError(f"the compute multiplier needs L(C) fits, got {fit.law.name} for {fit.group}")
 
     def multiplier(base_theta: np.ndarray, other_theta: np.ndarray) -> float:
-        target = float(np.exp(_log_loss(other_theta, np.log([[compute]])))[0])
+        # In logs up to the last step: a bootstrap draw's law can be far out
+        # (a loss or a multiplier past the largest float), where exp overflows.
+        log_target = float(_log_loss(other_theta, np.log([[compute]]))[0])
         e, log_a, alpha = base_theta
-        gap = target - np.exp(e)
-        return float(np.exp((log_a - np.log(gap)) / alpha) / compute) if gap > 0 and alpha > 0 else np.inf
+        if not alpha > 0 or e >= log_target:  # the baseline never gets down to that loss
+            return np.inf
+        if log_target > LOG_MAX:  # a loss past every float: the baseline is below it with any compute
+            return 0.0
+        gap = np.exp(log_target) - np.exp(e)
+        exponent = (log_a - np.log(gap)) / alpha if gap > 0 else np.inf
+        return float(np.exp(exponent) / compute) if exponent <= LOG_MAX else np.inf
 
     value = multiplier(baseline.theta, other.theta)
     count = min(len(baseline.draws), len(other.draws))
@@ -358,8 +367,19 @@ def _natural(thetas: np.ndarray) -> np.ndarray:
     """Log form (e, log coefficients, exponents) -> (E, coefficients, exponents)."""
     k = (thetas.shape[1] - 1) // 2
     out = thetas.copy()
-    out[:, :1 + k] = np.exp(thetas[:, :1 + k])
+    out[:, :1 + k] = _exp(thetas[:, :1 + k])
     return out
+
+
+def _exp(x: Any) -> np.ndarray:
+    """exp, the largest float where it would overflow to inf (with numpy's
+    warning). A bootstrap resample that leaves a variable too few distinct
+    values has no finite optimum, and its fit walks far along the free
+    direction (a log coefficient above 709); intervals already read inf as
+    the largest float and estimates that large as unbounded (``_interval``,
+    ``_finite``), so no result changes, and below the cap this is exp."""
+    x = np.asarray(x, dtype=float)
+    return np.where(x > LOG_MAX, np.finfo(float).max, np.exp(np.minimum(x, LOG_MAX)))
 
 
 def _grid(law: Law):

@@ -3,13 +3,18 @@ how many trials fit on it at once.
 
 The embedded instance is private to its run: its session files live in a
 temporary folder of its own (so ``--address auto`` from another shell never
-finds it) and every server listens on 127.0.0.1 only.
+finds it) and every server listens on 127.0.0.1 only. The run removes that
+folder when it ends; a driver killed outright cannot, so each folder names
+its driver (``OWNER``) and the next embedded start removes those whose driver
+is gone.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import socket
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -19,6 +24,8 @@ from typing import Any
 from archsearch.errors import ArchsearchError
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+PREFIX = "asray-"
+OWNER = "owner.json"  # in each embedded Ray's folder: the driver that made it (host, pid, when it started)
 
 
 def start_ray(address: str | None) -> str | None:
@@ -45,8 +52,11 @@ def start_ray(address: str | None) -> str | None:
     # Session files in a folder of our own: `ray.init("auto")` looks for a
     # cluster under /tmp/ray and so never joins this one. Short prefix: Ray
     # puts unix sockets in it, whose paths are capped near 107 bytes.
-    folder = tempfile.mkdtemp(prefix="asray-", dir="/tmp" if os.path.isdir("/tmp") else None)
+    parent = "/tmp" if os.path.isdir("/tmp") else tempfile.gettempdir()
+    remove_dead_folders(parent)
+    folder = tempfile.mkdtemp(prefix=PREFIX, dir=parent)
     try:
+        claim(folder)
         with _loopback_only(), _only_what_a_local_run_needs():
             ray.init(address="local", _temp_dir=folder, **quiet)
     except BaseException:  # Ctrl-C while it starts, too: nothing of it outlives the run
@@ -68,6 +78,58 @@ def _recorded_cluster() -> str:
                               "is unset; start one with `ray start --head`, give its HOST:PORT, or leave out "
                               "--address to run locally")
     return found
+
+
+def claim(folder: str) -> None:
+    """Mark ``folder`` as this process's: ``remove_dead_folders`` keeps it while it runs."""
+    owner = dict(host=socket.gethostname(), pid=os.getpid(), started=_started(os.getpid()))
+    part = os.path.join(folder, f"{OWNER}.part")
+    with open(part, "w") as out:
+        json.dump(owner, out)
+    os.replace(part, os.path.join(folder, OWNER))  # whole or absent: a half-written one is never read
+
+
+def remove_dead_folders(parent: str) -> list[str]:
+    """Remove the embedded Ray folders under ``parent`` whose driver provably
+    no longer runs: one of ours (this user's, this host's) whose marker names
+    a process id that is gone or now belongs to a process started at another
+    time. A folder without a readable marker (another version's, one being
+    made) or whose driver cannot be looked up is kept. Returns those removed."""
+    removed = []
+    host, uid = socket.gethostname(), os.getuid()
+    if _started(os.getpid()) is None:  # no /proc here: no driver can be proven gone
+        return removed
+    try:
+        entries = [e for e in os.scandir(parent) if e.name.startswith(PREFIX)]
+    except OSError:
+        return removed
+    for entry in entries:
+        try:
+            if not entry.is_dir(follow_symlinks=False) or entry.stat(follow_symlinks=False).st_uid != uid:
+                continue
+            with open(os.path.join(entry.path, OWNER)) as marker:
+                owner = json.load(marker)
+            if owner["host"] != host or owner["started"] is None or _started(int(owner["pid"])) == owner["started"]:
+                continue
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+        removed.append(entry.path)
+    return removed
+
+
+def _started(pid: int) -> str | None:
+    """When process ``pid`` started: this boot's id and the clock ticks from
+    boot to its start (field 22 of /proc/PID/stat), which a later process
+    given the same id differs in. None where that cannot be read (no such
+    process, or no /proc), so a marker holding None proves nothing."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()  # after the command name, which may hold ')'
+        with open("/proc/sys/kernel/random/boot_id") as boot:
+            return f"{boot.read().strip()}:{fields[19]}"
+    except (OSError, IndexError):
+        return None
 
 
 @contextmanager

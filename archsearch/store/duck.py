@@ -119,8 +119,12 @@ class Store(SideTables):
                 con = duckdb.connect(self.path, read_only=self.read_only)
                 break
             except duckdb.IOException as err:
-                if "lock" not in str(err) or time.monotonic() > deadline:
-                    raise StoreError(f"cannot open store {self.path}: {str(err).splitlines()[0]}") from None
+                if "lock" in str(err) and time.monotonic() > deadline:
+                    raise StoreError(f"cannot open store {self.path}: {str(err).splitlines()[0]}; another process "
+                                     "holds it: wait for it to finish, or pass another --store") from None
+                if "lock" not in str(err):
+                    raise StoreError(f"cannot open store {self.path}: {str(err).splitlines()[0]}; pass --store a "
+                                     "DuckDB file that archsearch wrote") from None
                 time.sleep(delay)
                 delay = min(2 * delay, 0.1)
         try:
@@ -307,7 +311,7 @@ class Store(SideTables):
             rows = con.execute("SELECT coalesce(same_as, trial_id), status FROM trials WHERE trial_id = ?",
                                [source]).fetchall()
             if not rows:
-                raise StoreError(f"no trial {source} in {self.path} to share a result from")
+                raise LookupError(f"no trial {source} in {self.path} to share a result from")  # the driver's bug
             trained, status = rows[0]
             con.execute(
                 "UPDATE trials SET status = s.status, error = s.error, train_loss = s.train_loss, "
