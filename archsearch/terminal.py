@@ -210,7 +210,9 @@ def fit_tables(result: dict) -> None:
         out.print(plain(f"compute multiplier at C={m['compute']:.3g}: {_estimate(m['multiplier'])} "
                         f"({m['meaning']})"))
     for s in result["skipped"]:
-        out.print(plain(f"skipped {s['group']} {s['law']}: {s['reason']}"))
+        # the fit's own message may already name its law and group: say them once
+        reason = s["reason"].removeprefix(f"{s['law']} for {s['group']}: ")
+        out.print(plain(f"skipped {s['group']} {s['law']}: {reason}"))
     for note in result["notes"]:
         out.print(plain(f"note: {note}"))
 
