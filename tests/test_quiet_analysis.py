@@ -73,7 +73,8 @@ def store(tmp_path_factory):
 
 # L(N, D) from the grid takes a minute here: the runaway case above covers it.
 @pytest.mark.parametrize("args", [["fit", "--law", "N,C"],
-                                  ["fit", "--law", "N,C", "--at", "N=1e9,C=1e21", "--compare", "transformer,mamba"],
+                                  ["fit", "--law", "N,C", "--at", "N=1e9,C=1e21", "--compare",
+                                   "family=transformer, taper=uniform,family=mamba, taper=cosine"],
                                   ["pareto"], ["pareto", "--extrapolate", "1e9"],
                                   ["compare", "--baseline", "transformer", "--by", "family"], ["status"]],
                          ids=["fit", "fit-at-compare", "pareto", "pareto-extrapolate", "compare", "status"])
