@@ -83,3 +83,15 @@ def test_the_analysis_commands_print_no_warning(args, store):
     assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
     assert result.exit_code == 0, result.output
     assert "Warning" not in result.output
+
+
+def test_an_interval_end_next_to_an_unbounded_draw_is_unbounded_not_a_huge_number():
+    """The 97.5% quantile of 40 draws falls between the 39th and the 40th; with the 40th
+    unbounded, the end is unbounded (reported as None), not an interpolated 4e306. Ends whose
+    neighbours are finite are the plain linear quantiles, as before."""
+    draws = np.concatenate([np.linspace(1.0, 2.0, 39), [np.inf]])
+    low, high = F._interval(draws, 0.95)
+    assert high == np.finfo(float).max and F._finite(high) is None
+    assert low == np.quantile(draws[:-1].tolist() + [np.finfo(float).max], 0.025)
+    finite = np.linspace(1.0, 2.0, 40)
+    assert F._interval(finite, 0.95) == tuple(float(v) for v in np.quantile(finite, [0.025, 0.975]))

@@ -406,9 +406,16 @@ def _grid_middle(law: Law) -> np.ndarray:
 
 def _interval(draws: np.ndarray, level: float) -> tuple[float, float]:
     # Unreachable multipliers are infinite; cap them so interpolation stays finite, then report None.
-    draws = np.nan_to_num(np.asarray(draws, dtype=float), nan=np.inf, posinf=np.finfo(float).max)
-    low, high = np.quantile(draws, [(1 - level) / 2, (1 + level) / 2])
-    return float(low), float(high)
+    # An end whose quantile falls between a finite draw and a capped one is unbounded too (it
+    # would otherwise interpolate to some 1e306, a number that means nothing).
+    cap = np.finfo(float).max
+    draws = np.nan_to_num(np.asarray(draws, dtype=float), nan=np.inf, posinf=cap, neginf=-cap)
+    ends = []
+    for q in ((1 - level) / 2, (1 + level) / 2):
+        below, above = np.quantile(draws, q, method="lower"), np.quantile(draws, q, method="higher")
+        capped = next((x for x in (below, above) if abs(x) == cap), None)
+        ends.append(float(capped) if capped is not None else float(np.quantile(draws, q)))
+    return ends[0], ends[1]
 
 
 def _finite(value: float | None) -> float | None:
