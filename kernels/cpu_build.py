@@ -21,9 +21,6 @@ leaves every loop that calls it scalar (checked with -fopt-info-vec; SwiGLU's ke
 
 from __future__ import annotations
 
-import glob
-import os
-import re
 import sys
 import threading
 import warnings
@@ -31,6 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
+from .cpu_cache import build_name, is_built
 
 ARCH_FLAGS = {
     "AVX512": ["-mavx512f", "-mavx512dq", "-mavx512vl", "-mavx512bw", "-mavx2", "-mfma", "-mprefer-vector-width=512"],
@@ -118,19 +117,16 @@ class Extension:
 
     def _compile(self):
         """Compile (or load the cached build of) every registered part, for this machine's vector ISA."""
-        from torch.utils.cpp_extension import get_default_build_root, load_inline
+        from torch.utils.cpp_extension import load_inline
 
         isa = capability()
         flags = ["-O3", "-fopenmp", "-ffp-contract=fast", "-fno-trapping-math", *ARCH_FLAGS.get(isa, [])]
         # torch's cache rebuilds when the source or flags change, not when torch does: the version
         # in the name keeps a build from being loaded into another torch's ABI
-        torch_version = re.sub(r"\W", "_", torch.__version__)
+        name = build_name(self.name, isa, torch.__version__)
         sources = [PRELUDE, *(part.source for part in self._parts.values())]
-        functions = [name for part in self._parts.values() for name in part.functions]
-        name = f"archsearch_{self.name}_{isa.lower()}_torch{torch_version}"
-        # torch builds under {root}/py311_cpu/{name}/ and names a rebuild after a source change
-        # {name}_v1.so, _v2 ...: any build there means a load, not a compile
-        if not glob.glob(os.path.join(get_default_build_root(), "*", name, f"{name}*.so")):
+        functions = [fn for part in self._parts.values() for fn in part.functions]
+        if not is_built(self.name, isa, torch.__version__):
             print(f"archsearch: compiling the C++ CPU kernels of {', '.join(self._parts)} for this machine, "
                   "once (under a minute)", file=sys.stderr, flush=True)
         with warnings.catch_warnings():

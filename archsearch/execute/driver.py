@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from archsearch.execute.cluster import per_trial, start_ray, trials_at_once
-from archsearch.execute.preflight import kernel_settings, preflight_checks, preflight_kernels
+from archsearch.execute.preflight import cpu_build_note, kernel_settings, preflight_checks, preflight_kernels
 from archsearch.execute.progress import TrialProgress
 from archsearch.execute.task import _trial_task
 from archsearch.planner import PlannedTrial, plan, training_key, twin_lines
@@ -87,8 +87,9 @@ def run_study(study: Study, *, store: str | Path = "archsearch.duckdb", address:
         if not searcher.exhausted:
             preflight_checks(study, db, trials if grid else None)  # raises, before anything trains, on a leak
             preflight_kernels(study.name, db, [t.spec for t in trials] if grid else None)
+            build_note = cpu_build_note([t.spec for t in trials] if grid else None, address=address)
             with TrialProgress(total=searcher.expected, enabled=show_progress, heartbeat_s=heartbeat_s) as progress:
-                for line in twin_lines(trials) if grid else ():
+                for line in [*(twin_lines(trials) if grid else ()), *([build_note] if build_note else [])]:
                     progress.note(line)
                 counts = _run_on_ray(searcher, db, study, store=store, address=address,
                                      max_parallel=max_parallel, progress=progress)

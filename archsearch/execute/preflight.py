@@ -46,6 +46,33 @@ def preflight_kernels(study_name: str, db, specs: Iterable[ArchSpec] | None, *, 
     return failures
 
 
+# the C++ CPU extensions a model needs (kernels/cpu_build.py): every model's RMSNorm is in
+# "elementwise"; the selective scan has its own
+_EXTENSIONS = {"elementwise": "RMSNorm, SwiGLU, rotary heads, causal conv", "selective_scan": "Mamba's scan"}
+
+
+def cpu_build_note(specs: Iterable[ArchSpec] | None, *, address: str | None) -> str | None:
+    """The line a local CPU run prints when its first trials will compile archsearch's C++ CPU
+    kernels, once per machine: they build inside the trials' workers, whose output a run does
+    not show, so without it the first trials just take longer. None when every build needed
+    is already in torch's extension cache (told without importing torch), on a cluster, or
+    where the kernels would not run (a CUDA torch, ARCHSEARCH_KERNELS=reference or triton)."""
+    from archsearch_kernels.cpu_cache import is_built
+
+    setting = os.environ.get(MODE_VAR, "auto").strip().lower() or "auto"
+    if address is not None or setting in ("reference", "triton") or not _no_cuda_here():
+        return None
+    needed = ["elementwise"]
+    if specs is not None and "selective_scan" in kernels_used(specs):
+        needed.append("selective_scan")
+    missing = [name for name in needed if not is_built(name)]
+    if not missing:
+        return None
+    what = "; ".join(_EXTENSIONS[name] for name in missing)
+    return (f"note: the first trials compile archsearch's C++ CPU kernels ({what}) for this machine, "
+            "once: they start about half a minute late")
+
+
 def preflight_checks(study, db, trials: list | None = None) -> None:
     """Run ``study.checks`` on its planned ``trials`` (``plan(study)`` when None),
     one build per distinct architecture; record the outcome in the store and,
