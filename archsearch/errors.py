@@ -45,6 +45,14 @@ class StoreError(ArchsearchError):
     exit_code = 2
 
 
+class ClusterError(ArchsearchError):
+    """The cluster the user pointed at cannot be reached, joined or asked (a wrong address or
+    token, no cluster started, a job id it lacks), or cannot fit a trial's resources: theirs to
+    fix, so exit 2."""
+
+    exit_code = 2
+
+
 def did_you_mean(word: str, choices: Iterable[str]) -> str | None:
     """A hint naming the closest of ``choices`` to ``word``, or None."""
     close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)

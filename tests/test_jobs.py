@@ -127,7 +127,7 @@ def test_a_study_submitted_as_a_job_runs_on_the_cluster_and_is_followed_to_its_e
 def test_a_failed_job_ends_wait_non_zero_and_a_bad_token_is_one_line(cluster, job_study, tmp_path):
     """A job whose run fails (its store cannot be written on the cluster):
     `--wait` exits 1 naming the job. A wrong token: one line saying where
-    the token goes, exit 1, no traceback."""
+    the token goes, exit 2 (the user's to fix), no traceback."""
     url, env = cluster
     failed = subprocess.run([*CLI, "submit", str(job_study), "--address", url, "--store", "/proc/no/s.duckdb",
                              "--wait"], env=client_env(env), capture_output=True, text=True, timeout=240)
@@ -137,7 +137,7 @@ def test_a_failed_job_ends_wait_non_zero_and_a_bad_token_is_one_line(cluster, jo
     wrong = subprocess.run([*CLI, "status", "--job", job_id, "--address", url],
                            env=client_env(env, RAY_AUTH_TOKEN=uuid.uuid4().hex), capture_output=True, text=True,
                            timeout=60)
-    assert wrong.returncode == 1
+    assert wrong.returncode == 2
     assert wrong.stderr.startswith(f"error: the job server at {url} refused the request"), wrong.stderr
     assert "ray get-auth-token" in wrong.stderr and wrong.stderr.count("\n") == 1
 
@@ -186,5 +186,5 @@ def test_job_commands_fail_in_one_line(args, message, job_study, monkeypatch):
     (port,) = free_ports(1)
     args = [str(job_study) if a == "STUDY" else a.replace("PORT", str(port)) for a in args]
     result = CliRunner().invoke(app, args)
-    assert result.exit_code in (1, 2) and result.output.startswith(message), result.output
+    assert result.exit_code == 2 and result.output.startswith(message), result.output
     assert result.output.count("\n") == 1

@@ -87,3 +87,10 @@ def test_resume_of_a_study_the_store_lacks_says_to_run_it(stores, tiny_study, tm
 def test_a_trial_not_in_the_store_is_one_line_and_exit_2(stores, tiny_study, tmp_path):
     line = one_line(["analyze", "rho", "t99", "--store", "STORE"], stores["good"], tiny_study, tmp_path)
     assert "no trial t99" in line
+
+
+def test_a_cluster_address_of_the_wrong_form_is_one_line_and_exit_2(stores, tiny_study, tmp_path):
+    """A ClusterError is the user's to fix, like a bad file (it exited 1 before)."""
+    line = one_line(["run", "STUDY", "--store", str(tmp_path / "new.duckdb"), "--address", "head-node",
+                     "--no-progress"], stores["good"], tiny_study, tmp_path)
+    assert line == "error: Ray address 'head-node' is not auto, host:port or ray://host:port"

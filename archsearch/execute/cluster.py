@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from archsearch.errors import ArchsearchError
+from archsearch.errors import ClusterError
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 PREFIX = "asray-"
@@ -46,7 +46,7 @@ def start_ray(address: str | None) -> str | None:
                     if _token_mode() else
                     "if it uses token authentication (what `ray start --head` turns on since Ray 2.59), "
                     "set RAY_AUTH_MODE=token; Ray reads the token from ~/.ray/auth_token or $RAY_AUTH_TOKEN")
-            raise ArchsearchError(f"cannot join the Ray cluster at '{address}': {str(err).splitlines()[0]}; "
+            raise ClusterError(f"cannot join the Ray cluster at '{address}': {str(err).splitlines()[0]}; "
                                   f"{hint}") from None
         return None
     # Session files in a folder of our own: `ray.init("auto")` looks for a
@@ -74,7 +74,7 @@ def _recorded_cluster() -> str:
 
     found = os.environ.get("RAY_ADDRESS") or read_ray_address()
     if not found:
-        raise ArchsearchError("--address auto: no cluster started with `ray start` on this machine and RAY_ADDRESS "
+        raise ClusterError("--address auto: no cluster started with `ray start` on this machine and RAY_ADDRESS "
                               "is unset; start one with `ray start --head`, give its HOST:PORT, or leave out "
                               "--address to run locally")
     return found
@@ -199,7 +199,7 @@ def trials_at_once(per_trial: dict[str, float], resources: dict[str, float], *, 
             have = resources.get(name, 0)
             if have < need:
                 unit = " bytes" if name == "memory" else ""
-                raise ArchsearchError(f"execution.{_FIELDS[name]}: each trial asks for {need:g}{unit} but the Ray "
+                raise ClusterError(f"execution.{_FIELDS[name]}: each trial asks for {need:g}{unit} but the Ray "
                                       f"cluster has {have:g}{unit} in all; lower it or add nodes that have it")
             fits.append(int(have // need))
     if max_parallel != "auto":
@@ -217,14 +217,14 @@ def _check_reachable(address: str, timeout: float = 5.0) -> None:
     try:
         socket.create_connection((host, int(port)), timeout=timeout).close()
     except OSError as err:
-        raise ArchsearchError(f"cannot reach a Ray cluster at {address} ({err}); start one with "
+        raise ClusterError(f"cannot reach a Ray cluster at {address} ({err}); start one with "
                               "`ray start --head` there, or leave out --address to run locally") from None
 
 
 def _host_port(address: str) -> tuple[str, str]:
     host, _, port = address.removeprefix("ray://").rpartition(":")
     if not host or not port.isdigit():
-        raise ArchsearchError(f"Ray address '{address}' is not auto, host:port or ray://host:port")
+        raise ClusterError(f"Ray address '{address}' is not auto, host:port or ray://host:port")
     return host.strip("[]"), port
 
 

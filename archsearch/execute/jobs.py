@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from archsearch.errors import ArchsearchError
+from archsearch.errors import ArchsearchError, ClusterError
 from archsearch.execute.cluster import LOOPBACK, _token_mode
 from archsearch.space.schema import Study
 
@@ -138,12 +138,12 @@ def _client(address: str) -> Any:
     """A JobSubmissionClient for ``address``, sending the user's token when there is one."""
     parts = urlsplit(address if "://" in address else f"http://{address}")
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ArchsearchError(f"--address '{address}': give the cluster's job server as http://HOST:8265 "
+        raise ClusterError(f"--address '{address}': give the cluster's job server as http://HOST:8265 "
                               "(the dashboard port `ray start --head` prints), not a ray:// or GCS address")
     try:
         from ray.job_submission import JobSubmissionClient
     except ImportError as err:
-        raise ArchsearchError(f"Ray Jobs need ray's job client ({err}); install archsearch[cluster]") from None
+        raise ClusterError(f"Ray Jobs need ray's job client ({err}); install archsearch[cluster]") from None
     _use_token_if_available()
     if parts.hostname not in LOOPBACK and not _token_mode():
         print(f"warning: sending a job to {address} without authentication: anyone who can reach that port can "
@@ -175,14 +175,14 @@ def _asking(address: str, call: Callable[[], Any], *, job_id: str | None = None)
         reason = str(err).strip().splitlines()[0]
         hint = AUTH_HINT if _token_mode() or "RAY_AUTH_MODE" not in os.environ else \
             f"RAY_AUTH_MODE is '{os.environ['RAY_AUTH_MODE']}' here: set it to token (or unset it)"
-        raise ArchsearchError(f"the job server at {address} refused the request ({reason}); {hint}") from None
+        raise ClusterError(f"the job server at {address} refused the request ({reason}); {hint}") from None
     except ConnectionError:
-        raise ArchsearchError(f"cannot reach a Ray job server at {address}; start the cluster with "
+        raise ClusterError(f"cannot reach a Ray job server at {address}; start the cluster with "
                               "`ray start --head --include-dashboard=true` (it needs ray[default] there) and give "
                               "its dashboard address, http://HOST:8265") from None
     except RuntimeError as err:
         text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         if job_id is not None and ("404" in text or "does not exist" in text):
-            raise ArchsearchError(f"no job '{job_id}' on the cluster at {address}; "
+            raise ClusterError(f"no job '{job_id}' on the cluster at {address}; "
                                   "`ray job list --address ...` lists them") from None
         raise ArchsearchError(f"the job server at {address}: {text}") from None
