@@ -307,6 +307,10 @@ def curves_figure(rows: list[dict], metrics: list[dict]) -> go.Figure:
     return fig
 
 
+# Beyond these the comparison's bars lie down: upright, the arms' names would overlap.
+MAX_UPRIGHT_ARMS, MAX_UPRIGHT_CHARS = 8, 160
+
+
 def comparison_figure(rows: list[dict], *, y: str = "val_loss") -> go.Figure:
     """Every arm side by side, best first: one bar per arm and budget target.
 
@@ -324,23 +328,36 @@ def comparison_figure(rows: list[dict], *, y: str = "val_loss") -> go.Figure:
             at = by_target[row["target"]]
             if label not in at or row[y] < at[label][y]:
                 at[label] = row
+    # many arms, or long names, read only as rows: horizontal bars, names at the left, best on top
+    across = len(labels) > MAX_UPRIGHT_ARMS or sum(len(label) for label in labels) > MAX_UPRIGHT_CHARS
     fig = go.Figure()
     for i, target in enumerate(targets if ladder else [None]):
         at = by_target[target]
         best = min(r[y] for r in at.values())
+        names, values = [text(label) for label in labels], [at[label][y] if label in at else None for label in labels]
+        value_at, name_at = ("x", "y") if across else ("y", "x")
         fig.add_trace(go.Bar(
-            x=[text(label) for label in labels], y=[at[label][y] if label in at else None for label in labels],
+            **{name_at: names, value_at: values}, orientation="h" if across else "v",
             name=f"target {target:,.0f}" if ladder else "best of each arm", marker_color=PALETTE[i % len(PALETTE)],
             customdata=[[text(at[label]["trial_id"]), at[label]["params"], at[label][y] - best]
                         if label in at else [None, None, None] for label in labels],
-            hovertemplate=f"%{{x}}<br>{y}=%{{y:.4f}} (%{{customdata[2]:+.4f}} vs best)<br>"
+            hovertemplate=f"%{{{name_at}}}<br>{y}=%{{{value_at}:.4f}} (%{{customdata[2]:+.4f}} vs best)<br>"
                           "trial %{customdata[0]}<br>params=%{customdata[1]:,}<extra></extra>"))
     values = [r[y] for r in rows]
     low, high = min(values), max(values)
     pad = 0.15 * (high - low) or 0.05 * abs(high) or 1.0
     fig.update_layout(title=f"Side by side: {_title(y)} per arm (best first; axis not from zero)",
-                      template=TEMPLATE, barmode="group", xaxis_tickangle=-30, legend_title="budget")
-    fig.update_yaxes(title=_title(y), range=[low - pad, high + pad])
+                      template=TEMPLATE, barmode="group", legend_title="budget")
+    if across:
+        bars = len(labels) * (len(targets) if ladder else 1)
+        fig.update_layout(height=max(450, 160 + 16 * bars))
+        fig.update_xaxes(title=_title(y), range=[low - pad, high + pad])
+        names = [text(label) for label in labels]
+        fig.update_yaxes(autorange="reversed", automargin=True, tickmode="array", tickvals=names, ticktext=names,
+                         tickfont=dict(size=10))  # every arm named, however many
+    else:
+        fig.update_layout(xaxis_tickangle=-30)
+        fig.update_yaxes(title=_title(y), range=[low - pad, high + pad])
     return fig
 
 

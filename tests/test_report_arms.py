@@ -179,3 +179,19 @@ def test_archsearch_fit_says_when_a_family_fit_runs_over_several_arms():
     default = fit_scaling(rows, laws=("N",), d_col=None, bootstrap=5)
     assert sorted(f.group for f in default.fits) == ["taper.shape=cosine", "taper.shape=uniform"]
     assert not default.notes
+
+
+def test_many_arms_lie_down_as_rows_every_one_named_best_on_top():
+    """Twelve arms' names would overlap under upright bars: the comparison turns horizontal,
+    names every arm on its y axis (none skipped for room) and puts the best arm first, at the
+    top; three arms stay upright."""
+    from archsearch_dashboards.figures import comparison_figure
+
+    shapes = {f"shape{i:02d}": ([1_000], 1.0 + i / 10) for i in range(12)}
+    fig = comparison_figure(rows_of(shapes, seeds=1))
+    bar = fig.data[0]
+    assert bar.orientation == "h" and list(fig.layout.yaxis.tickvals) == list(bar.y)
+    assert len(bar.y) == 12 and bar.y[0] == "taper.shape=shape00" and fig.layout.yaxis.autorange == "reversed"
+    assert fig.layout.xaxis.range[0] < min(bar.x)
+    few = comparison_figure(rows_of({k: shapes[k] for k in list(shapes)[:3]}, seeds=1))
+    assert few.data[0].orientation == "v" and len(few.data[0].x) == 3
