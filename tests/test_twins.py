@@ -156,6 +156,28 @@ def test_twins_asked_together_train_once_and_both_rows_get_the_result(tmp_path):
     assert f"trial {owner.trial_id} gives its result to {twin.trial_id}" in shown
 
 
+def test_a_trial_proposed_again_while_it_trains_keeps_its_curve_and_counts_once(tmp_path):
+    """A sampler (TPE) can propose the very trial it is training: the second job rides on the
+    first, and its end writes nothing, rather than sharing the trial's result with itself (which
+    deleted its own curve) and counting a phantom trial (a run summary with skipped = -1)."""
+    trials = A.plan(looped_study(tmp_path, seeds="[0]"))
+    trial = baselines(trials)[1, 0]
+    db = A.open_store(tmp_path / "s.duckdb")
+    db.add_trials("twins", [trial.to_dict()])
+    d = drain(db, [trial, trial])
+    started = d._ask(4)
+    assert [job.trial.trial_id for job in started] == [trial.trial_id]
+    d._write([], [(job, 1) for job in started])
+    ended = d._with_twins([(started[0], "result", RESULT, 1.0, None)])
+    d._write(ended, [])
+    assert d.counts == {"completed": 1, "failed": 0, "diverged": 0, "shared": 0}
+    got = rows(db)[trial.trial_id]
+    assert got["status"] == "completed" and got["same_as"] is None
+    assert curve(db, trial.trial_id) == [(2, 2.6), (4, 2.5)]
+    with pytest.raises(LookupError, match="cannot share its own result"):
+        db.share(trial.trial_id, trial.trial_id)
+
+
 def status_text(store: Path) -> str:
     from typer.testing import CliRunner
 

@@ -277,6 +277,8 @@ class _Drain:
     def _share(self, job: Job, source: str, value: Any, *, con: Any) -> None:
         """A twin takes the result (``value``, as it was told) of the trial that trained its model."""
         trial_id = job.trial.trial_id
+        if trial_id == source:  # a sampler proposed this very trial again: its one row has its result
+            return
         status = self.db.share(trial_id, source, con=con)
         self.counts["shared" if status == "completed" else status] += 1
         if status == "completed":

@@ -307,6 +307,8 @@ class Store(SideTables):
         """Give ``trial_id`` the result and curve of ``source``, a trial that trained the same model
         (same spec, data, recipe and seed), without training it: its ``same_as`` then names the
         trial that did train (``source``, or the one ``source`` itself shares). Returns the status."""
+        if trial_id == source:  # sharing with itself would delete its own curve
+            raise LookupError(f"trial {trial_id} cannot share its own result")  # the driver's bug
         with self._within(con) as con:
             rows = con.execute("SELECT coalesce(same_as, trial_id), status FROM trials WHERE trial_id = ?",
                                [source]).fetchall()
