@@ -330,11 +330,12 @@ def comparison_figure(rows: list[dict], *, y: str = "val_loss") -> go.Figure:
                 at[label] = row
     # many arms, or long names, read only as rows: horizontal bars, names at the left, best on top
     across = len(labels) > MAX_UPRIGHT_ARMS or sum(len(label) for label in labels) > MAX_UPRIGHT_CHARS
+    names = [text(label) for label in labels]
     fig = go.Figure()
     for i, target in enumerate(targets if ladder else [None]):
         at = by_target[target]
         best = min(r[y] for r in at.values())
-        names, values = [text(label) for label in labels], [at[label][y] if label in at else None for label in labels]
+        values = [at[label][y] if label in at else None for label in labels]
         value_at, name_at = ("x", "y") if across else ("y", "x")
         fig.add_trace(go.Bar(
             **{name_at: names, value_at: values}, orientation="h" if across else "v",
@@ -352,7 +353,6 @@ def comparison_figure(rows: list[dict], *, y: str = "val_loss") -> go.Figure:
         bars = len(labels) * (len(targets) if ladder else 1)
         fig.update_layout(height=max(450, 160 + 16 * bars))
         fig.update_xaxes(title=_title(y), range=[low - pad, high + pad])
-        names = [text(label) for label in labels]
         fig.update_yaxes(autorange="reversed", automargin=True, tickmode="array", tickvals=names, ticktext=names,
                          tickfont=dict(size=10))  # every arm named, however many
     else:
