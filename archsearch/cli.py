@@ -11,6 +11,7 @@ from typing import Annotated, Optional
 import typer
 
 from archsearch.cli_analyze import analyze_app
+from archsearch.cli_kernels import kernels_app
 from archsearch.cli_common import (
     StudyArg,
     StoreOpt,
@@ -92,6 +93,7 @@ def _run(study_path: Path, *, store: Path, address, max_parallel, report, progre
     import archsearch as A
     from archsearch.errors import StoreError
     from archsearch.execute import run_study
+    from archsearch.execute.process import exit_code, interrupt_on_termination
 
     study = A.load_study(study_path, overrides=overrides)
     if resume:
@@ -102,14 +104,15 @@ def _run(study_path: Path, *, store: Path, address, max_parallel, report, progre
     with _writing(store.parent, "the store's folder"):
         store.parent.mkdir(parents=True, exist_ok=True)
     try:
-        summary = run_study(study, store=store, address=address, max_parallel=max_parallel,
-                            show_progress=progress)
-    except KeyboardInterrupt:
+        with interrupt_on_termination():  # SIGTERM and SIGHUP end it as Ctrl-C does
+            summary = run_study(study, store=store, address=address, max_parallel=max_parallel,
+                                show_progress=progress)
+    except KeyboardInterrupt as stop:
         again = ["archsearch", "resume", str(study_path), "--store", str(store)]
         again += [part for text in overrides for part in ("--set", text)]
         for flag, value in (("--address", address), ("--max-parallel", max_parallel), ("--report", report)):
             again += [flag, str(value)] if value is not None else []
-        _fail(f"interrupted; finished trials are saved, continue with: {shlex.join(again)}", 130)
+        _fail(f"interrupted; finished trials are saved, continue with: {shlex.join(again)}", exit_code(stop))
     from archsearch.terminal import run_summary
 
     report = report or _default_report(study.name)
@@ -421,6 +424,7 @@ def schema(kind: Annotated[str, typer.Argument(help="study or space")] = "study"
 
 
 app.add_typer(analyze_app, name="analyze")
+app.add_typer(kernels_app, name="kernels")
 
 
 @app.command()

@@ -82,8 +82,10 @@ def user_errors(command):
             _fail(str(err), err.exit_code)
         except (ValueError, FileNotFoundError) as err:
             _fail(str(err), 2)
-        except KeyboardInterrupt:
-            _fail("interrupted", 130)
+        except KeyboardInterrupt as stop:
+            from archsearch.execute.process import exit_code
+
+            _fail("interrupted", exit_code(stop))
 
     return wrapper
 
