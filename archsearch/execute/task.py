@@ -19,6 +19,8 @@ def _trial_task(payload: dict):
     a checkpoint, ("eval", row) as the trial evaluates, then ("result",
     TrialResult dict). Training runs on a thread so its evaluations can
     leave while it goes on."""
+    if payload.get("nice") is not None:  # first, so every thread the trial starts inherits it
+        renice(payload["nice"])
     import queue
     import threading
 
@@ -26,8 +28,6 @@ def _trial_task(payload: dict):
     from archsearch.train import checkpoint, train_trial
 
     use_kernel_settings(payload["kernels"])
-    if payload.get("nice") is not None:
-        renice(payload["nice"])
     rows: queue.Queue = queue.Queue()
     outcome: dict = {}
     location = payload["checkpoint_dir"]
