@@ -318,13 +318,16 @@ def compare(baseline: Annotated[str, typer.Option(help="the arm every other is c
             seed_col: Annotated[str, typer.Option(help="the column that pairs trials across arms")] = "seed",
             level: LevelOpt = 0.95,
             seed: Annotated[int, typer.Option(help="seed of sampled permutations (exact up to 13 pairs)")] = 0,
+            pool: Annotated[bool, typer.Option("--pool", help="one test over every budget target (by default "
+                                                              "each arm meets the baseline at its own target)")]
+            = False,
             as_json: JsonOpt = False):
     """Each arm against a baseline over seeds: mean difference, interval, t and permutation p-values
-    (paired by seed where both arms share their seeds, Welch otherwise)."""
+    (paired by seed where both arms share their seeds, Welch otherwise), at each budget target apart."""
     from archsearch import analysis
 
     result = analysis.compare_arms(_analysis_table(store, study, from_csv), baseline=baseline, by=by, within=within,
-                                   metric=metric, seed_col=seed_col, level=level, seed=seed)
+                                   metric=metric, seed_col=seed_col, level=level, seed=seed, pool=pool)
     if as_json:
         typer.echo(json.dumps(result.to_dict(), indent=2))
         return

@@ -88,7 +88,7 @@ def store(tmp_path_factory):
                                   ["fit", "--law", "N,C", "--at", "N=1e9,C=1e21", "--compare",
                                    "family=transformer, taper=uniform,family=mamba, taper=cosine"],
                                   ["pareto"], ["pareto", "--extrapolate", "1e9"],
-                                  ["compare", "--baseline", "transformer", "--by", "family"], ["status"]],
+                                  ["compare", "--baseline", "transformer", "--by", "family", "--pool"], ["status"]],
                          ids=["fit", "fit-at-compare", "pareto", "pareto-extrapolate", "compare", "status"])
 def test_the_analysis_commands_print_no_warning(args, store):
     result = CliRunner().invoke(app, [*args, "--store", str(store)])
