@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -397,11 +398,15 @@ def dashboard(store: StoreOpt = DEFAULT_STORE,
     """The live dashboard: figures that redraw as trials finish (Ctrl-C stops it)."""
     with reading(store):  # a store it cannot read: one line now, not an error on every redraw
         pass
-    try:
-        from archsearch_dashboards.app import serve
-    except ImportError as err:
-        _fail(f"the dashboard needs Dash ({err.name} is missing): pip install 'archsearch[dashboard]'", 2)
+    import importlib.util
+
+    if importlib.util.find_spec("dash") is None:  # the app imports it only as it starts serving
+        _fail("the dashboard needs Dash: pip install 'archsearch[dashboard]'", 2)
+    from archsearch_dashboards.app import serve
+
+    # flushed: piped, the line would wait in a buffer while the server runs
     typer.echo(f"dashboard: http://{host}:{port}/ over {store} (Ctrl-C stops it)")
+    sys.stdout.flush()
     serve(store, host=host, port=port)
 
 

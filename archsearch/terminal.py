@@ -296,7 +296,10 @@ def status_tables(db, *, study: str | None, as_json: bool, wide: bool = False) -
     ladders = db.ladders(study).to_pylist()
     checks = db.checks(study)
     if as_json:
-        print(json.dumps({"studies": studies, "trials": trials, "fidelity_ladders": ladders, "checks": checks},
+        # the store keeps a trial's axes, spec, recipe and data as JSON text: given as the objects they are
+        objects = [{**t, **{k: json.loads(t[k]) for k in ("axes", "spec", "recipe", "data")
+                            if isinstance(t.get(k), str)}} for t in trials]
+        print(json.dumps({"studies": studies, "trials": objects, "fidelity_ladders": ladders, "checks": checks},
                          indent=2, default=str))
         return
     out = console()

@@ -168,6 +168,10 @@ def test_status_json_is_the_store(store, capsys):
     data = json.loads(capsys.readouterr().out)
     assert [s["name"] for s in data["studies"]] == ["tiny"]
     assert sorted(t["status"] for t in data["trials"]) == ["completed"] * 3 + ["failed"]
+    # objects, not JSON text inside JSON
+    first = data["trials"][0]
+    assert first["axes"]["family"] == "transformer" and first["spec"]["family"] == "transformer"
+    assert isinstance(first["recipe"], dict) and first["data"]["kind"] == "task"
 
 
 def test_front_table_lists_only_the_axes_that_differ(capsys, monkeypatch):
