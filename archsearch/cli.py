@@ -57,10 +57,25 @@ def main(version: Annotated[bool, typer.Option("--version", callback=_version, i
 def plan(study: StudyArg, as_json: JsonOpt = False, wide: WideOpt = False,
          layers: Annotated[bool, typer.Option("--layers", help="show each trial's per-layer plan")] = False,
          overrides: SetOpt = None):
-    """Every trial the study would run, widths solved; trains nothing."""
+    """Every trial the study would run, widths solved; trains nothing. A search (a sampler, or
+    fidelity rungs) also says what it proposes and the training FLOPs it implies."""
     import archsearch as A
 
-    trials = A.plan(A.load_study(study, overrides=overrides or ()))
+    loaded = A.load_study(study, overrides=overrides or ())
+    search = loaded.search
+    if search.probe is None and (search.sampler != "grid" or search.fidelity is not None):
+        from archsearch.search.preview import plan_search
+
+        preview = plan_search(loaded)
+        if as_json:
+            out = preview.to_dict() if search.sampler != "grid" else [t.to_dict() for t in preview.sample]
+            typer.echo(json.dumps(out, indent=2))
+            return
+        from archsearch.terminal import search_plan
+
+        search_plan(preview, layers=layers, wide=wide)
+        return
+    trials = A.plan(loaded)
     if as_json:
         typer.echo(json.dumps([t.to_dict() for t in trials], indent=2))
         return

@@ -100,10 +100,42 @@ def _shared_line(shared: dict) -> str | None:
     return "same in every row: " + ", ".join(f"{k}={_axis(v)}" for k, v in shared.items()) if shared else None
 
 
-def plan_table(trials: list, *, layers: bool = False, wide: bool = False) -> None:
+def search_plan(preview, *, layers: bool = False, wide: bool = False) -> None:
+    """``plan`` of a search (``search.preview.SearchPlan``): the grid's table, or a table of the
+    trials of a sampler's drawn points, then what the search proposes and the FLOPs it implies."""
+    out = console()
+    if preview.sampler == "grid":
+        plan_table(preview.sample, layers=layers, wide=wide)
+        head = f"search: every one of the grid's {preview.space}"
+    else:
+        plan_table(preview.sample, layers=layers, wide=wide, title="trials of points drawn as the sampler draws them",
+                   totals=False)
+        head = (f"search: {preview.sampler} proposes {preview.proposals:,} points of a space of {preview.space}; "
+                f"each is planned at every budget target and seed ({preview.trials_per_proposal:g} trials a point)")
+    lines = [head]
+    if preview.infeasible:
+        lines.append(f"{preview.infeasible} of the points drawn reach no budget target (the sampler is told they "
+                     "failed and draws again)")
+    if preview.rungs is not None:
+        shares = ", ".join(_share(r) for r in preview.rungs)
+        lines.append(f"fidelity: {preview.fidelity}, trials stop at {shares} of their tokens; only the promoted go on")
+    estimate = "" if preview.sampler == "grid" else " (from the points drawn)"
+    lines.append(f"training FLOPs: at most {preview.most_flops:.3g} (every trial to its end), expected "
+                 f"{preview.expected_flops:.3g}{estimate}")
+    for text in lines:
+        out.print(plain(text))
+
+
+def _share(fraction: float) -> str:
+    return "1" if fraction == 1 else f"1/{round(1 / fraction)}"
+
+
+def plan_table(trials: list, *, layers: bool = False, wide: bool = False, title: str | None = None,
+               totals: bool = True) -> None:
     """One row per planned trial: the axes that differ, params, match error,
     FLOPs/token (and state when matched on it); ``wide`` adds every axis,
-    seed, target, achieved, d_model and MLP widths."""
+    seed, target, achieved, d_model and MLP widths. ``totals``: the study's
+    training FLOPs below (not for a sample of a search's trials)."""
     rows = [{**t.axes, "seed": t.seed} for t in trials]
     varying, shared = split_axes(rows)
     axes, axis_cells = _axis_cells(rows, _all_names(rows) if wide else varying, wide=wide)
@@ -113,7 +145,8 @@ def plan_table(trials: list, *, layers: bool = False, wide: bool = False) -> Non
     elif trials and trials[0].match == "state":
         measures.append("state")
     matched = f", matched on {trials[0].match}" if trials and not wide else ""
-    table = _table(f"{len(trials)} planned trials{matched}", ["trial", *axes, *measures], text=("trial", "axes"))
+    table = _table(f"{title or f'{len(trials)} planned trials'}{matched}", ["trial", *axes, *measures],
+                   text=("trial", "axes"))
     shown = {t.trial_id: t.trial_id for t in trials} if wide else short_ids([t.trial_id for t in trials])
     for t, cells_of_axes in zip(trials, axis_cells):
         cells = {"match": t.match, "target": t.target, "achieved": t.achieved, "error": f"{t.match_error:+.2%}",
@@ -127,7 +160,7 @@ def plan_table(trials: list, *, layers: bool = False, wide: bool = False) -> Non
     for line in twin_lines(trials):
         out.print(plain(line))
     trained = [t for t in trials if t.same_as is None]
-    if trials:
+    if trials and totals:
         over = f"the {len(trials)} trials" if len(trained) == len(trials) else \
             f"the {len(trained)} trainings of the {len(trials)} trials"
         out.print(f"total training FLOPs: {sum(t.train_flops for t in trained):.3g} "
