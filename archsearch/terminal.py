@@ -261,6 +261,9 @@ def fit_tables(result: dict) -> None:
     for m in result.get("multipliers", []):
         out.print(plain(f"compute multiplier at C={m['compute']:.3g}: {_estimate(m['multiplier'])} "
                         f"({m['meaning']})"))
+    for fit in result["fits"]:
+        if fit.get("cautions"):
+            out.print(plain(f"caution: {fit['group']} {fit['law']}: {'; '.join(fit['cautions'])}"))
     for s in result["skipped"]:
         # the fit's own message may already name its law and group: say them once
         reason = s["reason"].removeprefix(f"{s['law']} for {s['group']}: ")

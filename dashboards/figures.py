@@ -13,6 +13,8 @@ back into the characters on screen.
 
 from __future__ import annotations
 
+import html
+
 import heapq
 import math
 from collections import defaultdict
@@ -149,11 +151,13 @@ def _add_fit(fig: go.Figure, fit, *, name: str, colour: str) -> None:
         fig.add_trace(go.Scatter(x=[*grid, *grid[::-1]], y=[*high, *low[::-1]], fill="toself", mode="lines",
                                  line=dict(width=0), fillcolor=colour, opacity=0.18, legendgroup=name,
                                  showlegend=False, hoverinfo="skip", name=f"{name} band"))
+    # a fit not to be trusted says why where it is read (analysis.trust); hover text is not markup
+    caution = "".join(f"<br>caution: {html.escape(reason)}" for reason in fit.cautions)
     fig.add_trace(go.Scatter(
         x=grid, y=value, mode="lines", line=dict(color=colour, dash="dot"),
         legendgroup=name, showlegend=False, name=f"{name} fit",
-        hovertemplate=f"{name}<br>E + A/N^α: α={alpha.value:.3f}, E={fit.estimates['E'].value:.3f}"
-                      "<br>N=%{x:,.0f}: %{y:.4f}<extra></extra>"))
+        hovertemplate=f"{name}<br>E + A/N^α: α={alpha.value:.3f}, E={fit.estimates['E'].value:.3g}"
+                      f"{caution}<br>N=%{{x:,.0f}}: %{{y:.4f}}<extra></extra>"))
 
 
 # The app redraws every few seconds, so each arm's fit is kept for as long as
