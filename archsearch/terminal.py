@@ -230,9 +230,12 @@ def _shown_axes(row: dict) -> dict:
     from archsearch.analysis.arms import PROTOCOLS, axis_text
 
     axes = row.get("axes") or {}
+    if isinstance(axes, str):
+        axes = json.loads(axes)
     if "arm" in axes and row.get("match") in PROTOCOLS:
-        return {**axes, "arm": axis_text(row, "arm")}
-    return axes
+        axes = {**axes, "arm": axis_text(row, "arm")}
+    # the seed too, so rows that differ only by it read apart (said once below when it is the same)
+    return {**axes, "seed": row["seed"]} if row.get("seed") is not None else axes
 
 
 def fit_tables(result: dict) -> None:
@@ -345,7 +348,7 @@ def status_tables(db, *, study: str | None, as_json: bool, wide: bool = False) -
         table.add_row(_fmt(s["name"]), _fmt(s["trials"]), _fmt(s["completed"]), _fmt(s["failed"]),
                       _fmt(str(s["updated_at"])[:19]))
     out.print(table)
-    rows = [json.loads(t["axes"]) for t in trials]
+    rows = [_shown_axes(t) for t in trials]
     varying, shared = split_axes(rows)
     axes, axis_cells = _axis_cells(rows, _all_names(rows) if wide else varying, wide=wide)
     measures = ["params", "status", "val_loss", "gap", "tokens/s"]

@@ -88,9 +88,14 @@ def scaling_figure(rows: list[dict], *, x: str = "params", y: str = "val_loss", 
             legendgroup=text(label), marker=dict(color=colours[label], size=9),
             text=[_hover(r, label) for r in members], hovertemplate="%{text}<extra></extra>"))
         if label in fits:
-            _add_fit(fig, fits[label], name=text(label), colour=colours[label])
-    fig.update_xaxes(type="log", title=_title(x))
-    fig.update_yaxes(type="log", title=_title(y), range=_log_range(fig))
+            # bands lighter as arms add up: eight at 0.18 each merge into one grey block
+            _add_fit(fig, fits[label], name=text(label), colour=colours[label],
+                     opacity=0.18 if len(groups) <= 4 else max(0.05, 0.72 / len(groups)))
+    y_range = _log_range(fig)
+    xs = [v for trace in fig.data if trace.fill is None for v in trace.x if v is not None and v > 0]
+    fig.update_xaxes(type="log", title=_title(x), **(_log_ticks(min(xs), max(xs)) if xs else {}))
+    fig.update_yaxes(type="log", title=_title(y), range=y_range,
+                     **(_log_ticks(10 ** y_range[0], 10 ** y_range[1]) if y_range else {}))
     sampled = max(len(m) for m in groups.values()) > MAX_FIT_POINTS
     fitted = f", fitted on {MAX_FIT_POINTS} trials of each larger arm" if sampled else ""
     note = _unfitted_note(unfitted, len(groups))
@@ -143,13 +148,33 @@ def _count(number: int, noun: str) -> str:
     return f"{number} {noun}{'' if number == 1 else 's'}"
 
 
-def _add_fit(fig: go.Figure, fit, *, name: str, colour: str) -> None:
+def _log_ticks(low: float, high: float) -> dict:
+    """Tick values and labels for a log axis over [low, high]: 1, 2 and 5 of each decade (every
+    digit where that leaves fewer than three), each labelled as a whole number (200k, not a bare
+    2 beside 100k). Within less than a decade Plotly's own ticks read well: nothing is set."""
+    decades = range(math.floor(math.log10(low)), math.ceil(math.log10(high)) + 1)
+    for digits in ((1, 2, 5), tuple(range(1, 10))):
+        values = [d * 10.0 ** k for k in decades for d in digits if low <= d * 10.0 ** k <= high]
+        if len(values) >= 3:
+            return dict(tickmode="array", tickvals=values, ticktext=[_si(v) for v in values])
+    return {}
+
+
+def _si(value: float) -> str:
+    """200000 -> 200k, 1.5e9 -> 1.5G, 2.5 -> 2.5."""
+    for power, suffix in ((12, "T"), (9, "G"), (6, "M"), (3, "k")):
+        if abs(value) >= 10 ** power:
+            return f"{value / 10 ** power:.3g}{suffix}"
+    return f"{value:.3g}"
+
+
+def _add_fit(fig: go.Figure, fit, *, name: str, colour: str, opacity: float = 0.18) -> None:
     """A fitted law's line and confidence band, in ``colour``, grouped with arm ``name`` in the legend."""
     grid, (value, low, high) = _band(fit)
     alpha = fit.estimates["alpha"]
     if low is not None:  # no band without a bootstrap
         fig.add_trace(go.Scatter(x=[*grid, *grid[::-1]], y=[*high, *low[::-1]], fill="toself", mode="lines",
-                                 line=dict(width=0), fillcolor=colour, opacity=0.18, legendgroup=name,
+                                 line=dict(width=0), fillcolor=colour, opacity=opacity, legendgroup=name,
                                  showlegend=False, hoverinfo="skip", name=f"{name} band"))
     # a fit not to be trusted says why where it is read (analysis.trust); hover text is not markup
     caution = "".join(f"<br>caution: {html.escape(reason)}" for reason in fit.cautions)
@@ -236,7 +261,8 @@ def pareto_figure(rows: list[dict], *, objectives: list[tuple[str, str]]) -> go.
     fig.add_trace(go.Scatter(
         x=[r[x] for r in on_front], y=[r[y] for r in on_front], mode="lines", name="Pareto front",
         line=dict(shape="hv", color="black", width=1.5), hoverinfo="skip"))
-    fig.update_xaxes(type="log", title=_title(x))
+    xs = [v for trace in fig.data for v in (trace.x or ()) if v is not None and v > 0]
+    fig.update_xaxes(type="log", title=_title(x), **(_log_ticks(min(xs), max(xs)) if xs else {}))
     fig.update_yaxes(title=_title(y))
     notes = "; ".join(front.notes)
     subtitle = f"<br><sup>{text(notes)}</sup>" if notes else ""
@@ -291,23 +317,30 @@ def curves_figure(rows: list[dict], metrics: list[dict]) -> go.Figure:
     for m in metrics:
         if m["trial_id"] in by_id and m.get("val_loss") is not None:
             by_trial[m["trial_id"]].append(m)
+    # an arm's sizes told apart: its smallest model's curve thin, its largest thick
+    sizes: dict[str, list[int]] = defaultdict(list)
+    for trial_id in by_trial:
+        sizes[label_of[trial_id]].append(by_id[trial_id]["params"])
+    rank = {label: sorted(set(found)) for label, found in sizes.items()}
     fig = go.Figure()
     shown: set[str] = set()
     for trial_id in sorted(by_trial, key=lambda t: (label_of[t], by_id[t]["params"])):
         row, label = by_id[trial_id], label_of[trial_id]
         points = thin(sorted(by_trial[trial_id], key=lambda m: m["step"]))
+        order = rank[label]
+        width = 1.0 + 3.0 * order.index(row["params"]) / max(1, len(order) - 1)
         fig.add_trace(go.Scatter(
             x=[m["tokens"] for m in points], y=[m["val_loss"] for m in points], mode="lines",
             name=text(label), legendgroup=text(label), showlegend=label not in shown,
-            line=dict(color=colours[label]),
+            line=dict(color=colours[label], width=width),
             hovertemplate=f"{text(trial_id)}<br>{text(label)}, {row['params']:,} params<br>"
                           "tokens %{x:,}<br>val_loss %{y:.4f}<extra></extra>"))
         shown.add(label)
     fig.update_xaxes(title="tokens seen")
     fig.update_yaxes(title="validation loss")
     drawn = f" ({len(by_trial)} of {len(rows)} trials: the best of each arm first)" if len(by_trial) < len(rows) else ""
-    fig.update_layout(title=f"Learning curves: validation loss during training{drawn}", template=TEMPLATE,
-                      legend_title="arm")
+    fig.update_layout(title=f"Learning curves: validation loss during training{drawn} (thicker: a larger model "
+                            "of the arm)", template=TEMPLATE, legend_title="arm")
     return fig
 
 
@@ -316,43 +349,47 @@ MAX_UPRIGHT_ARMS, MAX_UPRIGHT_CHARS = 8, 160
 
 
 def comparison_figure(rows: list[dict], *, y: str = "val_loss") -> go.Figure:
-    """Every arm side by side, best first: one bar per arm and budget target.
+    """Every arm side by side, best first: one bar per arm and budget target, the mean over its
+    seeds with the 95% t interval of that mean as an error bar (none with one seed).
 
-    The y axis spans the values (not from zero), since arms often differ by a
-    few percent; hover gives each bar's difference from the best arm at its target.
+    The value axis spans the values (not from zero), since arms often differ by a few percent;
+    hover gives each bar's seeds, interval and difference from the best arm's mean at its target.
     """
     labels = list(arm_bests(rows, y))
     targets = sorted({r["target"] for r in rows})
-    # Budgets on a ladder get a bar each; a sampled study (a budget per trial) gets each arm's best.
+    # Budgets on a ladder get a bar each; a sampled study (a budget per trial) gets one bar an arm.
     ladder = len(targets) <= MAX_TARGETS
-    by_target: dict[float | None, dict[str, dict]] = {None: arm_bests(rows, y)}  # target -> arm -> its best
-    if ladder:
-        by_target = defaultdict(dict)
-        for row, label in zip(rows, group_labels(rows, varying_axes(rows))):
-            at = by_target[row["target"]]
-            if label not in at or row[y] < at[label][y]:
-                at[label] = row
+    values: dict[float | None, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for row, label in zip(rows, group_labels(rows, varying_axes(rows))):
+        values[row["target"] if ladder else None][label].append(row[y])
     # many arms, or long names, read only as rows: horizontal bars, names at the left, best on top
     across = len(labels) > MAX_UPRIGHT_ARMS or sum(len(label) for label in labels) > MAX_UPRIGHT_CHARS
     names = [text(label) for label in labels]
     fig = go.Figure()
+    ends = []
     for i, target in enumerate(targets if ladder else [None]):
-        at = by_target[target]
-        best = min(r[y] for r in at.values())
-        values = [at[label][y] if label in at else None for label in labels]
+        stats = {label: _mean_interval(seen) for label, seen in values[target].items()}
+        best = min(mean for mean, _, _ in stats.values())
+        means = [stats[label][0] if label in stats else None for label in labels]
+        halves = [stats[label][1] if label in stats else None for label in labels]
+        ends += [m + (h or 0) for m, h in zip(means, halves) if m is not None]
+        ends += [m - (h or 0) for m, h in zip(means, halves) if m is not None]
         value_at, name_at = ("x", "y") if across else ("y", "x")
         fig.add_trace(go.Bar(
-            **{name_at: names, value_at: values}, orientation="h" if across else "v",
-            name=f"target {target:,.0f}" if ladder else "best of each arm", marker_color=PALETTE[i % len(PALETTE)],
-            customdata=[[text(at[label]["trial_id"]), at[label]["params"], at[label][y] - best]
-                        if label in at else [None, None, None] for label in labels],
-            hovertemplate=f"%{{{name_at}}}<br>{y}=%{{{value_at}:.4f}} (%{{customdata[2]:+.4f}} vs best)<br>"
-                          "trial %{customdata[0]}<br>params=%{customdata[1]:,}<extra></extra>"))
-    values = [r[y] for r in rows]
-    low, high = min(values), max(values)
+            **{name_at: names, value_at: means}, orientation="h" if across else "v",
+            **{f"error_{value_at}": dict(type="data", array=[h or 0 for h in halves], visible=True,
+                                         thickness=1.2, width=3)},
+            name=f"target {target:,.0f}" if ladder else "each arm", marker_color=PALETTE[i % len(PALETTE)],
+            customdata=[[stats[label][2], stats[label][0] - best, stats[label][1]] if label in stats
+                        else [None, None, None] for label in labels],
+            hovertemplate=f"%{{{name_at}}}<br>{y}: mean %{{{value_at}:.4f}} over %{{customdata[0]}} seeds "
+                          "(± %{customdata[2]:.4f}, 95%)<br>%{customdata[1]:+.4f} vs the best arm's mean"
+                          "<extra></extra>"))
+    low, high = min(ends), max(ends)
     pad = 0.15 * (high - low) or 0.05 * abs(high) or 1.0
-    fig.update_layout(title=f"Side by side: {_title(y)} per arm (best first; axis not from zero)",
-                      template=TEMPLATE, barmode="group", legend_title="budget")
+    fig.update_layout(title=f"Side by side: {_title(y)} per arm, mean over seeds with its 95% interval "
+                            "(best first; axis not from zero)", template=TEMPLATE, barmode="group",
+                      legend_title="budget")
     if across:
         bars = len(labels) * (len(targets) if ladder else 1)
         fig.update_layout(height=max(450, 160 + 16 * bars))
@@ -363,6 +400,18 @@ def comparison_figure(rows: list[dict], *, y: str = "val_loss") -> go.Figure:
         fig.update_layout(xaxis_tickangle=-30)
         fig.update_yaxes(title=_title(y), range=[low - pad, high + pad])
     return fig
+
+
+def _mean_interval(values: list[float]) -> tuple[float, float | None, int]:
+    """The mean of ``values``, the half-width of its 95% t interval (None for one value), how many."""
+    n = len(values)
+    mean = sum(values) / n
+    if n < 2:
+        return mean, None, n
+    from scipy import stats
+
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    return mean, float(stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n)), n
 
 
 def plan_figure(row: dict) -> go.Figure:

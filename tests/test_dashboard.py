@@ -106,7 +106,7 @@ def test_bars_start_near_the_values_not_at_zero(store):
     low, high = (figure.layout.xaxis if figure.data[0].orientation == "h" else figure.layout.yaxis).range
     values = [r["val_loss"] for r in rows]
     assert min(values) - 0.2 * (max(values) - min(values)) < low < min(values) and high > max(values)
-    gaps = [c[2] for bar in figure.data for c in bar.customdata if c[2] is not None]
+    gaps = [c[1] for bar in figure.data for c in bar.customdata if c[1] is not None]
     assert min(gaps) == 0 and max(gaps) > 0
 
 
