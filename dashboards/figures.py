@@ -414,6 +414,42 @@ def _mean_interval(values: list[float]) -> tuple[float, float | None, int]:
     return mean, float(stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n)), n
 
 
+def history_figure(history: dict[str, dict[str, list]]) -> go.Figure:
+    """A sampled search's optimisation history: each finished proposal's value of the first
+    objective in the order it was asked, and the best so far (``search.history.history``)."""
+    label, first = next(iter(history.items()))
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=first["number"], y=first["value"], mode="markers", name="proposal",
+                             marker=dict(color=PALETTE[0], size=7),
+                             hovertemplate="proposal %{x}<br>%{y:.4f}<extra></extra>"))
+    fig.add_trace(go.Scatter(x=first["number"], y=first["best"], mode="lines", name="best so far",
+                             line=dict(color="black", shape="hv"), hoverinfo="skip"))
+    others = [name for name in history if name != label]
+    more = f"; also searched: {', '.join(others)}" if others else ""
+    fig.update_xaxes(title="proposal (in the order asked)")
+    fig.update_yaxes(title=text(label))
+    fig.update_layout(title=f"Search history: {text(label)} of each proposal and the best so far{text(more)}",
+                      template=TEMPLATE)
+    return fig
+
+
+def importance_figure(importance: dict[str, dict[str, float]]) -> go.Figure:
+    """Each axis' importance to each objective (PED-ANOVA, ``search.history.importance``), most
+    important on top."""
+    order = sorted({a for values in importance.values() for a in values},
+                   key=lambda a: -max(values.get(a, 0.0) for values in importance.values()))
+    fig = go.Figure()
+    for i, (label, values) in enumerate(importance.items()):
+        fig.add_trace(go.Bar(y=[text(a) for a in order], x=[values.get(a, 0.0) for a in order], orientation="h",
+                             name=text(label), marker_color=PALETTE[i % len(PALETTE)],
+                             hovertemplate="%{y}: %{x:.2f}<extra></extra>"))
+    fig.update_xaxes(title="importance (PED-ANOVA; sums to 1 over the axes)", range=[0, 1])
+    fig.update_yaxes(autorange="reversed", automargin=True)
+    fig.update_layout(title="Axis importance: how much each axis sets the best proposals apart", template=TEMPLATE,
+                      barmode="group", legend_title="objective")
+    return fig
+
+
 def plan_figure(row: dict) -> go.Figure:
     """The per-layer plan of one trial: MLP width by layer (bars coloured by
     mixer) above a strip of its layers, with its loops and memory drawn on it."""
