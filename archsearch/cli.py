@@ -56,7 +56,9 @@ def main(version: Annotated[bool, typer.Option("--version", callback=_version, i
 @user_errors
 def plan(study: StudyArg, as_json: JsonOpt = False, wide: WideOpt = False,
          layers: Annotated[bool, typer.Option("--layers", help="show each trial's per-layer plan")] = False,
-         overrides: SetOpt = None):
+         overrides: SetOpt = None,
+         store: Annotated[Path, typer.Option("--store", help="a store whose completed trials' speed estimates the "
+                                                             "plan's wall time (when it exists)")] = DEFAULT_STORE):
     """Every trial the study would run, widths solved; trains nothing. A search (a sampler, or
     fidelity rungs) also says what it proposes and the training FLOPs it implies."""
     import archsearch as A
@@ -79,9 +81,35 @@ def plan(study: StudyArg, as_json: JsonOpt = False, wide: WideOpt = False,
     if as_json:
         typer.echo(json.dumps([t.to_dict() for t in trials], indent=2))
         return
-    from archsearch.terminal import plan_table
+    from archsearch.terminal import lines, plan_table
 
     plan_table(trials, layers=layers, wide=wide)
+    lines(_wall_time_line(trials, loaded, store))
+
+
+def _wall_time_line(trials: list, study, store: Path) -> list[str]:
+    """The plan's estimated training time from the completed trials of ``store``, if it exists."""
+    import os
+
+    from archsearch.analysis.walltime import duration, estimate
+
+    if not store.is_file():
+        return []
+    with reading(store) as db:
+        completed = db.sql("SELECT family, tokens_per_s, flops_per_token FROM trials WHERE status = 'completed'"
+                           ).to_pylist()
+    execution = study.execution
+    at_once = execution.max_parallel if execution.max_parallel != "auto" else \
+        max(1, (os.cpu_count() or 1) // max(1, int(execution.cpus or execution.threads_per_trial)))
+    planned = [dict(family=t.spec.family, train_flops=t.train_flops) for t in trials if t.same_as is None]
+    found = estimate(planned, completed, at_once=at_once)
+    if found is None:
+        return []
+    left = f"; {found.trials - found.covered} of {found.trials} trials left out (a family {store} has not " \
+           "trained)" if found.covered < found.trials else ""
+    return [f"estimated training time: about {duration(found.wall_s)} at {found.at_once} trials at a time "
+            f"(each trial's FLOPs over its family's median FLOP/s in {found.measured} completed trials of {store}; "
+            f"evaluation and start-up not counted{left})"]
 
 
 @app.command()
