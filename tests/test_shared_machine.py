@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import archsearch as A
-from tests.test_execute import ROOT, descendants, stop_cluster, write_study
+from tests.test_execute import ROOT, cmdline, descendants, stop_cluster, write_study
 
 CLI = [sys.executable, "-m", "archsearch.cli"]
 RAY = [sys.executable, "-m", "ray.scripts.scripts"]
@@ -36,13 +36,6 @@ def marked(mark: str) -> list[int]:
         except OSError:
             continue
     return found
-
-
-def title(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
 
 
 def niceness(pid: int) -> int:
@@ -117,7 +110,7 @@ def test_a_trial_runs_at_the_drivers_priority_unless_execution_nice_says(driver_
             assert run.poll() is None, run.communicate()
             assert time.monotonic() < deadline, "no trial started"
             time.sleep(0.1)
-        trials = [pid for pid in marked(mark) if title(pid).startswith("ray::_trial_task")]
+        trials = [pid for pid in marked(mark) if cmdline(pid).startswith("ray::_trial_task")]
         assert trials
         assert niceness(run.pid) == driver_nice
         assert {niceness(pid) for pid in trials} == {expected}
@@ -128,7 +121,7 @@ def test_a_trial_runs_at_the_drivers_priority_unless_execution_nice_says(driver_
 def head_processes(folder: str) -> list[int]:
     """The processes of the Ray `ray start --temp-dir` started under ``folder``: those naming it,
     and their children (Ray retitles its agents, whose command lines then name nothing)."""
-    daemons = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and folder in title(int(p.name))]
+    daemons = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and folder in cmdline(int(p.name))]
     return [*daemons, *(child for pid in daemons for child in descendants(pid))]
 
 
