@@ -32,12 +32,21 @@ class Interrupted(KeyboardInterrupt):
         self.exit_code = 128 + signum
 
 
+# the terminating signal last received, for an interrupt that reaches the command re-raised as a plain
+# KeyboardInterrupt (DuckDB turns one raised inside a query into its own "interrupted", which the store
+# raises as KeyboardInterrupt)
+_received: list[int] = []
+
+
 def exit_code(interrupt: KeyboardInterrupt) -> int:
     """The exit status an interrupted command ends with: 130 for Ctrl-C, 143 for SIGTERM, 129 for SIGHUP."""
-    return getattr(interrupt, "exit_code", 128 + signal.SIGINT)
+    if isinstance(interrupt, Interrupted):
+        return interrupt.exit_code
+    return 128 + (_received[-1] if _received else signal.SIGINT)
 
 
 def _raise_interrupted(signum: int, frame) -> None:
+    _received.append(signum)
     raise Interrupted(signum)
 
 
@@ -49,6 +58,7 @@ def interrupt_on_termination() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    _received.clear()
     before = {signum: signal.signal(signum, _raise_interrupted) for signum in TERMINATING}
     try:
         yield
