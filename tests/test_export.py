@@ -162,3 +162,24 @@ def test_an_empty_folder_is_written_into_and_parquet_still_exports(store, tmp_pa
     assert (empty / "config.json").exists() and (empty / "README.md").exists()
     result = export(store, "--parquet", str(tmp_path / "pq"))
     assert result.exit_code == 0 and (tmp_path / "pq" / "trials.parquet").exists(), result.output
+
+
+def test_a_mapping_that_changes_the_logits_writes_nothing(store, tmp_path, monkeypatch):
+    """The export's own check: with Llama's gate and up halves swapped in the mapping, the
+    command refuses in one line (exit 1) and leaves no folder. Fails if the check is skipped."""
+    from archsearch.export import hf
+
+    right = hf.LAYOUTS["attention"]
+
+    def swapped(spec, state):
+        out = right.weights(spec, state)
+        for i in range(spec.num_layers):
+            gate, up = f"model.layers.{i}.mlp.gate_proj.weight", f"model.layers.{i}.mlp.up_proj.weight"
+            out[gate], out[up] = out[up], out[gate]
+        return out
+
+    monkeypatch.setitem(hf.LAYOUTS, "attention", hf.Layout(right.hf_class, right.config, swapped))
+    result = export(store, "--hf", "llama_tied-trial", str(tmp_path / "wrong"))
+    assert result.exit_code == 1 and "nothing written" in result.output, result.output
+    assert len(result.output.strip().splitlines()) == 1
+    assert not (tmp_path / "wrong").exists() and list(tmp_path.iterdir()) == []
