@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -102,7 +103,29 @@ def _require_transformers(trial_id: str, hf_class: str) -> None:
                          f"{INSTALL_HF}")
 
 
+@contextmanager
+def _quiet_transformers():
+    """transformers' progress bars and its notes on kernels it falls back from, off while exporting
+    (the command's own line says what was written), then as they were."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
 def _write_transformers(model, folder: Path, *, max_positions: int) -> Exported:
+    with _quiet_transformers():
+        return _checked_and_saved(model, folder, max_positions=max_positions)
+
+
+def _checked_and_saved(model, folder: Path, *, max_positions: int) -> Exported:
     import torch
 
     hf_model = to_transformers(model, max_positions=max_positions)
