@@ -450,6 +450,8 @@ def export(parquet: Annotated[Optional[Path], typer.Option(
     trial_id = full_trial_id(store, trial)
     with _writing(folder, "the model to"):
         done = export_trial(trial_id, folder, store=store)
+    if done.status != "completed":
+        typer.echo(f"{trial_id[:8]}: the trial is {done.status}; this is its newest checkpoint, not a final model")
     if done.kind == "transformers":
         typer.echo(f"{trial_id[:8]}: {done.hf_class} in {folder} (logits within {done.max_diff:.1e} of "
                    "archsearch's on a random batch); AutoModelForCausalLM.from_pretrained loads it")

@@ -120,6 +120,7 @@ def test_other_models_are_written_as_safetensors_and_the_spec_that_rebuilds_them
     result = export(store, "--hf", f"{name}-trial", str(out))
     assert result.exit_code == 0, result.output
     assert "not a transformers checkpoint" in result.output and reason in result.output
+    assert "newest checkpoint" not in result.output  # a completed trial: its final model
     assert not (out / "config.json").exists()
     rebuilt = A.build_model(ArchSpec.from_dict(json.loads((out / "spec.json").read_text())))
     load_model(rebuilt, str(out / "model.safetensors"))

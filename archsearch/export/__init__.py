@@ -50,6 +50,7 @@ class Exported:
     hf_class: str | None = None
     reason: str | None = None
     max_diff: float | None = None  # the largest |logit difference| of the check (transformers only)
+    status: str = "completed"  # the trial's; another (running, paused) exported its newest checkpoint
     files: list[Path] = field(default_factory=list)
 
 
@@ -92,7 +93,7 @@ def export_trial(trial_id: str, folder: str | Path, *, store: str | Path = "arch
         shutil.move(str(staged), str(folder))
     files = sorted(folder.iterdir())
     return Exported(kind=done.kind, folder=folder, hf_class=done.hf_class, reason=done.reason,
-                    max_diff=done.max_diff, files=files)
+                    max_diff=done.max_diff, status=row[0]["status"], files=files)
 
 
 def _require_transformers(trial_id: str, hf_class: str) -> None:
