@@ -27,6 +27,7 @@ from archsearch.cli_common import (
     DEFAULT_STORE,
     _fail,
     _writing,
+    full_trial_id,
     leave_now,
     reading,
     require_study,
@@ -456,12 +457,37 @@ def dashboard(store: StoreOpt = DEFAULT_STORE,
 
 @app.command()
 @user_errors
-def export(parquet: Annotated[Path, typer.Option("--parquet", help="folder to write one .parquet per table")],
+def export(parquet: Annotated[Optional[Path], typer.Option(
+               "--parquet", help="folder to write one .parquet per table")] = None,
+           hf: Annotated[Optional[tuple[str, Path]], typer.Option(
+               "--hf", metavar="TRIAL DIR",
+               help="write trial TRIAL (its id or a unique prefix) to the new folder DIR: a transformers "
+                    "checkpoint (Llama, Mamba, Mamba-2; needs the hf extra), else safetensors and the spec "
+                    "that rebuilds it")] = None,
            store: StoreOpt = DEFAULT_STORE):
-    """The store as Parquet files."""
-    with reading(store) as db, _writing(parquet, "Parquet files to"):
-        for path in db.export_parquet(parquet):
-            typer.echo(path)
+    """The store as Parquet files, or a trained model as a transformers checkpoint."""
+    if (parquet is None) == (hf is None):
+        _fail("export needs one of --parquet DIR (the store) or --hf TRIAL DIR (a trained model)", 2)
+    if parquet is not None:
+        with reading(store) as db, _writing(parquet, "Parquet files to"):
+            for path in db.export_parquet(parquet):
+                typer.echo(path)
+        return
+    from archsearch.export import export_trial
+
+    trial, folder = hf
+    trial_id = full_trial_id(store, trial)
+    with _writing(folder, "the model to"):
+        done = export_trial(trial_id, folder, store=store)
+    if done.status != "completed":
+        typer.echo(f"{trial_id[:8]}: the trial is {done.status}; this is its newest checkpoint, not a final model")
+    if done.kind == "transformers":
+        typer.echo(f"{trial_id[:8]}: {done.hf_class} in {folder} (logits within {done.max_diff:.1e} of "
+                   "archsearch's on a random batch); AutoModelForCausalLM.from_pretrained loads it")
+    else:
+        typer.echo(f"{trial_id[:8]}: not a transformers checkpoint: {done.reason}")
+        typer.echo(f"{trial_id[:8]}: model.safetensors and spec.json in {folder}; "
+                   "A.build_model(ArchSpec.from_dict(spec)) rebuilds it")
 
 
 @app.command()
