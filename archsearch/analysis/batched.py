@@ -38,6 +38,9 @@ NEWTON_HALVINGS, DESCENT_HALVINGS = 4, 30
 SCAN_EXPONENTS = np.arange(1, 301) / 100
 # L(N, D)'s pairs (alpha, beta): every 0.02 up to 3 each, 22,500 pairs.
 SCAN_EXPONENTS_2D = np.arange(1, 151) / 50
+# The most elements [fits, terms, points] one batch holds (32 MiB an array): more fits go in turns,
+# so a fit of a million points keeps its memory bounded.
+CHUNK = 2**22
 # Added to each curvature's diagonal, relative to its size, so that one with a
 # zero direction (a resample with few distinct sizes) still solves.
 RIDGE = 1e-12
@@ -53,8 +56,16 @@ def minimise(log_x_FP: np.ndarray, log_loss_FP: np.ndarray, theta_FQ: np.ndarray
     ``theta_FQ`` is (e, a_1..a_K, alpha_1..alpha_K), Q = 1 + 2K. Returns the
     optima [F, Q], their losses [F] and whether each converged [F].
     """
+    log_x_FKP, theta_FQ = _with_terms(log_x_FP), np.array(theta_FQ, dtype=float)
+    per_turn = max(1, CHUNK // max(1, log_x_FKP.shape[1] * log_x_FKP.shape[2]))
+    turns = []
     with np.errstate(over="ignore", invalid="ignore"):  # a step out of floating range is refused, not an error
-        return _minimise(_with_terms(log_x_FP), log_loss_FP, np.array(theta_FQ, dtype=float), delta, ftol)
+        for first in range(0, len(theta_FQ), per_turn):
+            rows = slice(first, first + per_turn)
+            turns.append(_minimise(log_x_FKP[rows], log_loss_FP[rows], theta_FQ[rows], delta, ftol))
+    if not turns:  # no fits (a fit without a bootstrap)
+        return theta_FQ, np.empty(0), np.empty(0, dtype=bool)
+    return tuple(np.concatenate(parts) for parts in zip(*turns))
 
 
 def _with_terms(log_x: np.ndarray) -> np.ndarray:
@@ -154,10 +165,16 @@ def _profile_starts_2d(log_x_2P, log_loss_P, delta, exponents):
     theta_SS5 = np.stack([*np.log(np.where(usable_SS[..., None], coefficients_SS3, 1.0)).transpose(2, 0, 1),
                           alpha_SS, beta_SS], axis=-1)
     e_SS, a_SS, b_SS = (np.where(usable_SS, coefficients_SS3[..., i], np.nan) for i in range(3))
-    # the law for every pair at every point, [S, S, P]: in natural form, since each term is at hand
-    residual_SSP = np.log(e_SS[..., None] + a_SS[..., None] * n_SP[:, None] + b_SS[..., None] * d_SP[None]) - log_loss_P
-    slope_SSP = np.clip(residual_SSP, -delta, delta)
-    value_SS = np.nan_to_num(np.sum(slope_SSP * (residual_SSP - 0.5 * slope_SSP), axis=-1), nan=np.inf)
+    value_SS = np.empty((s, s))
+    per_turn = max(1, CHUNK // (s * log_loss_P.size))  # alphas at a time
+    for first in range(0, s, per_turn):
+        alphas = slice(first, first + per_turn)
+        # the law for these pairs at every point, [S, S, P]: in natural form, since each term is at hand
+        law_SSP = e_SS[alphas, :, None] + a_SS[alphas, :, None] * n_SP[alphas, None] + b_SS[alphas, :, None] * d_SP[None]
+        residual_SSP = np.log(law_SSP) - log_loss_P
+        slope_SSP = np.clip(residual_SSP, -delta, delta)
+        value_SS[alphas] = np.sum(slope_SSP * (residual_SSP - 0.5 * slope_SSP), axis=-1)
+    value_SS = np.nan_to_num(value_SS, nan=np.inf)
     padded = np.pad(value_SS, 1, constant_values=np.inf)
     minima_SS = usable_SS & np.isfinite(value_SS)
     for shifted in (padded[:-2, 1:-1], padded[2:, 1:-1], padded[1:-1, :-2], padded[1:-1, 2:]):
