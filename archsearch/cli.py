@@ -329,7 +329,8 @@ def fit(store: StoreOpt = DEFAULT_STORE, study: StudyOpt = None, from_csv: CsvOp
     result = analysis.fit_scaling(
         table, laws=law.split(","), by=by or ("family" if from_csv is None else None), pool_arms=pool_arms,
         loss_col=loss_col, n_col=n_col, d_col=d_col or ("tokens" if from_csv is None else None), c_col=flops_col,
-        drop_highest=drop_highest, bootstrap=bootstrap, level=level, seed=seed)
+        drop_highest=drop_highest, bootstrap=bootstrap, level=level, seed=seed,
+        progress=_fit_progress if table.num_rows >= FIT_PROGRESS_ROWS else None)
     out = result.to_dict()
     out["predictions"] = [dict(group=f.group, law=f.law.name, **f.predict(**p).to_dict())
                           for p in points for f in result.fits if set(f.law.variables) <= _with_d(p)]
@@ -380,6 +381,14 @@ def compare(baseline: Annotated[str, typer.Option(help="the arm every other is c
     from archsearch.terminal import compare_table
 
     compare_table(result)
+
+
+# Tables of this many rows or more: fit says on stderr which fit it is on (each takes seconds, not milliseconds).
+FIT_PROGRESS_ROWS = 100_000
+
+
+def _fit_progress(text: str) -> None:
+    typer.echo(text, err=True)
 
 
 def _analysis_table(store: Path, study: Optional[str], from_csv: Optional[Path]):

@@ -1,7 +1,7 @@
-"""Training tokens/s of Mamba and Gated DeltaNet against Transformer++, as ratios from one run.
+"""Training tokens/s of Mamba, Mamba-2 and Gated DeltaNet against Transformer++, as ratios from one run.
 
     python benchmarks/bench_train.py [--d-model 128] [--layers 4] [--batch 8] [--seq-len 256] [--match params|width]
-                                     [--families transformer,mamba,gdn]
+                                     [--families transformer,mamba,mamba2,gdn]
 
 Builds each family as the planner does (``spec_maker``, uniform MLP widths of
 8/3 d where the family has an MLP). With ``--match params`` (the default) the
@@ -25,6 +25,9 @@ import time
 import torch
 
 
+RECURRENT = ("mamba", "mamba2", "gdn")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--d-model", type=int, default=128)
@@ -36,24 +39,27 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--match", choices=("params", "width"), default="params",
                         help="equal non-embedding parameters (solved widths) or equal d_model")
-    parser.add_argument("--families", default="transformer,mamba,gdn",
+    parser.add_argument("--families", default="transformer,mamba,mamba2,gdn",
                         help="comma-separated, the transformer always included (the ratios' base)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    families = ("transformer", *(f for f in ("mamba", "gdn") if f in args.families.split(",")))
-    unknown = set(args.families.split(",")) - {"transformer", "mamba", "gdn"}
+    families = ("transformer", *(f for f in RECURRENT if f in args.families.split(",")))
+    unknown = set(args.families.split(",")) - {"transformer", *RECURRENT}
     if unknown:
-        parser.error(f"--families: unknown {sorted(unknown)}; choose from transformer, mamba, gdn")
+        parser.error(f"--families: unknown {sorted(unknown)}; choose from transformer, {', '.join(RECURRENT)}")
 
     from archsearch.arch.families import spec_maker
     from archsearch.arch.model import build_model
     from archsearch.budget import count_params
     from archsearch.budget.solve import solve
-    from archsearch.space.schema import ModelOptions
+    from archsearch.space.schema import Mamba2Axes, ModelOptions
 
     vocab = 256
     options = ModelOptions()
-    makers = {family: spec_maker({"family": family, "num_layers": args.layers}, options, vocab_size=vocab)
+    # Mamba-2 at its space's defaults (N 128, P 64, expand 2, chunk 64), as a study without mamba2 axes gets it
+    mamba2 = {f"mamba2.{name}": field.default for name, field in Mamba2Axes.model_fields.items()}
+    makers = {family: spec_maker({"family": family, "num_layers": args.layers, **(mamba2 if family == "mamba2" else {})},
+                                 options, vocab_size=vocab)
               for family in families}
     width = args.layers * (round(options.mlp_ratio * args.d_model) // options.multiple_of * options.multiple_of)
     target = count_params(makers["transformer"](args.d_model, width))

@@ -4,7 +4,7 @@ An op's ``cpu.py`` holds its C++ source and registers it with an `Extension` (`a
 extension compiles every registered part into one module the first time any of its ops is
 needed, so ops that are used together pay for one compile: RMSNorm, SwiGLU, the rotary heads
 and the short causal conv share `ELEMENTWISE` (about 20 s on a 2-core machine, once), the
-selective scan has its own (selective_scan/cpu.py).
+selective scan and Mamba-2's SSD scan have their own (selective_scan/cpu.py, ssd/cpu.py).
 
 Compiling goes through torch.utils.cpp_extension.load_inline (g++ and ninja) into torch's
 extension cache, under a name and folder that carry everything the build depends on

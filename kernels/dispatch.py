@@ -56,6 +56,7 @@ from .rope import cpu as rope_heads_cpu_kernel
 from .rope import rope_heads_cpu, rope_heads_naive
 from .selective_scan import cpu as selective_scan_cpu_kernel
 from .selective_scan import selective_scan_chunked, selective_scan_naive, selective_scan_triton
+from .ssd import cpu as ssd_cpu_kernel
 from .ssd import ssd_chunked, ssd_naive, ssd_triton
 from .swiglu import cpu as swiglu_cpu_kernel
 from .swiglu import swiglu_cpu, swiglu_naive, swiglu_triton
@@ -71,7 +72,7 @@ CHUNKED_FROM = 64
 # rope_heads and causal_conv1d have no Triton kernel (on CUDA their references run)
 CPU_KERNELS = {"selective_scan": selective_scan_cpu_kernel, "rms_norm": rms_norm_cpu_kernel,
                "swiglu": swiglu_cpu_kernel, "rope_heads": rope_heads_cpu_kernel,
-               "causal_conv1d": causal_conv1d_cpu_kernel}
+               "causal_conv1d": causal_conv1d_cpu_kernel, "ssd": ssd_cpu_kernel}
 MODE_VAR, DISABLE_VAR = "ARCHSEARCH_KERNELS", "ARCHSEARCH_KERNELS_DISABLE"
 
 
@@ -204,6 +205,8 @@ def ssd(*args, chunk_size: int = 64, **kwargs):
     x = args[0] if args else kwargs["x"]
     if use_triton("ssd", x.device):
         return ssd_triton(*args, **kwargs)
+    if _cpp_takes("ssd", x):
+        return ssd_cpu_kernel.ssd_cpu(*args, **kwargs)
     return ssd_chunked(*args, chunk_size=chunk_size, **kwargs)
 
 

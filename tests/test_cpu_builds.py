@@ -78,10 +78,12 @@ def test_a_build_is_found_in_its_own_folder_for_its_isa(cache):
 def test_a_run_builds_ahead_what_its_trials_need_and_nothing_once_built(cache):
     assert preflight.cpu_builds_missing([spec("attention")], address=None) == ["elementwise"]
     assert preflight.cpu_builds_missing([spec("mamba")], address=None) == ["elementwise", "selective_scan"]
-    assert preflight.cpu_builds_missing(None, address=None) == ["elementwise", "selective_scan"]  # a sampled search
+    assert preflight.cpu_builds_missing([spec("mamba2")], address=None) == ["elementwise", "ssd"]
+    assert preflight.cpu_builds_missing(None, address=None) == ["elementwise", "selective_scan", "ssd"]  # sampled
     fake_build("elementwise")
     assert preflight.cpu_builds_missing([spec("attention")], address=None) == []
     assert preflight.cpu_builds_missing([spec("mamba")], address=None) == ["selective_scan"]
+    assert preflight.cpu_builds_missing([spec("mamba"), spec("mamba2")], address=None) == ["selective_scan", "ssd"]
 
 
 def test_nothing_is_built_ahead_where_the_kernels_would_not_run_here(cache, monkeypatch):

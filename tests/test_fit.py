@@ -23,14 +23,15 @@ def fit_json(*args: str) -> dict:
 
 @pytest.mark.slow
 def test_chinchilla_refit_matches_the_published_estimates():
-    """The full 4,500-start grid at tight tolerances. Planted mutation: with
+    """The batched fit (what ``fit`` runs) and, in test_fit_batched, L-BFGS from
+    the full 4,500-start grid at tight tolerances. Planted mutation: with
     scipy's default tolerances (FTOL 2.2e-9, GTOL 1e-5) the best of the grid
     still lands on the estimates, but the bootstrap refits stop at once and
     alpha's interval shrinks from about [0.32, 0.37] to [0.346, 0.349], which fails here."""
     out = fit_json("--from-csv", str(CHINCHILLA), "--n-col", "Model Size", "--flops-col", "Training FLOP",
                    "--loss-col", "loss", "--drop-highest", "5", "--law", "ND", "--bootstrap", "20")
     (fit,) = out["fits"]
-    assert fit["points"] == 240 and fit["starts"] == 4500
+    assert fit["points"] == 240
     estimates = fit["estimates"]
     for name in ("E", "alpha", "beta"):
         assert estimates[name]["value"] == pytest.approx(PUBLISHED[name], rel=0.02), name
@@ -204,3 +205,27 @@ def test_a_looped_study_is_fitted_arm_by_arm_and_an_arm_of_too_few_sizes_says_so
     line = one_line_error("fit", "--store", small, "--law", "N")
     assert line.startswith("error: nothing to fit: L(N) for arm=baseline (iso-FLOP: 4-layer stack): N takes 2 "
                            "distinct values; the law needs at least 3")
+
+
+def test_fit_says_which_fit_it_is_on_for_a_large_table(tmp_path, monkeypatch):
+    """Each fit is announced, with its count and points, before it runs (a table of 10^6 rows
+    takes minutes); tables below ``FIT_PROGRESS_ROWS`` stay quiet, so their output is only the result."""
+    from typer.testing import CliRunner
+
+    from archsearch import cli
+
+    variables, loss, _ = synthetic("ND", noise=0.01, n=30)
+    rows = ["arm,params,tokens,loss", *(f"{arm},{n},{d},{l}" for arm in ("a", "b")
+                                       for n, d, l in zip(variables["N"], variables["D"], loss))]
+    csv = tmp_path / "runs.csv"
+    csv.write_text("\n".join(rows) + "\n")
+    args = ["fit", "--from-csv", str(csv), "--by", "arm", "--n-col", "params", "--d-col", "tokens",
+            "--loss-col", "loss", "--law", "N,ND", "--bootstrap", "10"]
+    quiet = CliRunner().invoke(cli.app, args)
+    assert quiet.exit_code == 0 and "fitting" not in quiet.output
+    monkeypatch.setattr(cli, "FIT_PROGRESS_ROWS", 1)
+    told = CliRunner().invoke(cli.app, args)
+    assert told.exit_code == 0, told.output
+    for line in ("fitting L(N) to a (1 of 4): 30 points, 10 resamples",
+                 "fitting L(N,D) to b (4 of 4): 30 points, 10 resamples"):
+        assert line in told.output

@@ -9,7 +9,7 @@ or 6 N D otherwise.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -64,7 +64,8 @@ class Fits:
 def fit_scaling(data: Any, *, laws: Sequence[str] = ("N", "C", "ND"), by: str | None = "family",
                 pool_arms: bool = False, loss_col: str = "val_loss", n_col: str | None = "params",
                 d_col: str | None = "tokens", c_col: str | None = None, drop_highest: int = 0,
-                bootstrap: int = 200, level: float = 0.95, seed: int = 0, grid: bool = True) -> Fits:
+                bootstrap: int = 200, level: float = 0.95, seed: int = 0, grid: bool = True,
+                progress: Callable[[str], None] | None = None) -> Fits:
     """Fit each of ``laws`` to each group of ``data`` (any table; see ``tables.as_table``).
 
     ``by`` is a column or a store axis (None: one group, ``all``). A fit
@@ -78,7 +79,8 @@ def fit_scaling(data: Any, *, laws: Sequence[str] = ("N", "C", "ND"), by: str | 
     (as Besiroglu et al. did with Chinchilla's). Rows without a loss (trials
     not finished) are left out. A group a law cannot be fitted to is listed
     in ``skipped`` with the reason; a table none can be fitted to raises a
-    one-line ValueError.
+    one-line ValueError. ``progress`` is told, before each fit, which one it
+    is, of how many, and on how many points (``archsearch fit`` prints it).
     """
     table = as_table(data)
     if not 0 < level < 1:
@@ -88,12 +90,19 @@ def fit_scaling(data: Any, *, laws: Sequence[str] = ("N", "C", "ND"), by: str | 
     loss = numeric_column(table, loss_col)
     labels = np.array(fit_groups(table, by, pool_arms=pool_arms), dtype=object)
     fits, skipped = [], []
-    for group in sorted(set(labels[np.isfinite(loss)])):
+    groups = sorted(set(labels[np.isfinite(loss)]))
+    count = 0
+    for group in groups:
+        in_group = labels == group
         for law in laws:
+            count += 1
             try:
                 if any(v not in columns for v in law.variables):
                     raise ValueError(f"{law.name} needs {_needs(law)}")
-                rows = _rows(labels == group, loss, [columns[v] for v in law.variables], drop_highest)
+                rows = _rows(in_group, loss, [columns[v] for v in law.variables], drop_highest)
+                if progress is not None:
+                    progress(f"fitting {law.name} to {group} ({count} of {len(groups) * len(laws)}): "
+                             f"{len(rows):,} points, {bootstrap} resamples")
                 fits.append(fit_law({v: columns[v][rows] for v in law.variables}, loss[rows], law, group=group,
                                     bootstrap=bootstrap, level=level, seed=seed, grid=grid))
             except ValueError as err:

@@ -49,8 +49,8 @@ def preflight_kernels(study_name: str, db, specs: Iterable[ArchSpec] | None, *, 
 def cpu_builds_missing(specs: Iterable[ArchSpec] | None, *, address: str | None) -> list[str]:
     """The C++ CPU extensions (kernels/cpu_build.py) a local CPU run's trials need that this
     Python environment has not built yet, told without importing torch: "elementwise" (every
-    model's RMSNorm) and, for Mamba's scan, "selective_scan" (every one when `specs` is None, as
-    for a sampled search). None on a cluster (its nodes build their own) or where the kernels
+    model's RMSNorm), for Mamba's scan "selective_scan" and for Mamba-2's "ssd" (every one when
+    `specs` is None, as for a sampled search). None on a cluster (its nodes build their own) or where the kernels
     would not run (a CUDA torch, ARCHSEARCH_KERNELS=reference or triton)."""
     from archsearch_kernels.cpu_cache import is_built
 
@@ -58,8 +58,8 @@ def cpu_builds_missing(specs: Iterable[ArchSpec] | None, *, address: str | None)
     if address is not None or setting in ("reference", "triton") or not _no_cuda_here():
         return []
     needed = ["elementwise"]
-    if specs is None or "selective_scan" in kernels_used(specs):
-        needed.append("selective_scan")
+    used = kernels_used(specs) if specs is not None else None
+    needed += [op for op in ("selective_scan", "ssd") if used is None or op in used]
     return [name for name in needed if not is_built(name)]
 
 
