@@ -90,7 +90,7 @@ def resume(study: StudyArg, store: StoreOpt = DEFAULT_STORE, address: AddressOpt
 def _run(study_path: Path, *, store: Path, address, max_parallel, report, progress, resume: bool,
          overrides: list[str]) -> None:
     import archsearch as A
-    from archsearch.errors import StoreError
+    from archsearch.errors import StoreError, StoreFullError
     from archsearch.execute import run_study
 
     study = A.load_study(study_path, overrides=overrides)
@@ -101,15 +101,18 @@ def _run(study_path: Path, *, store: Path, address, max_parallel, report, progre
             require_study(db, study.name, store, f"start it with `archsearch run {study_path}`")
     with _writing(store.parent, "the store's folder"):
         store.parent.mkdir(parents=True, exist_ok=True)
+    again = ["archsearch", "resume", str(study_path), "--store", str(store)]
+    again += [part for text in overrides for part in ("--set", text)]
+    for flag, value in (("--address", address), ("--max-parallel", max_parallel), ("--report", report)):
+        again += [flag, str(value)] if value is not None else []
     try:
         summary = run_study(study, store=store, address=address, max_parallel=max_parallel,
                             show_progress=progress)
     except KeyboardInterrupt:
-        again = ["archsearch", "resume", str(study_path), "--store", str(store)]
-        again += [part for text in overrides for part in ("--set", text)]
-        for flag, value in (("--address", address), ("--max-parallel", max_parallel), ("--report", report)):
-            again += [flag, str(value)] if value is not None else []
         _fail(f"interrupted; finished trials are saved, continue with: {shlex.join(again)}", 130)
+    except StoreFullError as err:
+        # what reached the store before the disk filled is kept (the failed transaction rolled back)
+        _fail(f"{err}: {shlex.join(again)}", 2)
     from archsearch.terminal import run_summary
 
     report = report or _default_report(study.name)

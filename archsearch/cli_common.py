@@ -3,6 +3,7 @@ the default store, and the wrapper that turns a user's mistake into one line."""
 
 from __future__ import annotations
 
+import errno
 import functools
 from contextlib import contextmanager
 from pathlib import Path
@@ -82,6 +83,12 @@ def user_errors(command):
             _fail(str(err), err.exit_code)
         except (ValueError, FileNotFoundError) as err:
             _fail(str(err), 2)
+        except OSError as err:
+            if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            # a full disk wherever a command writes (a report, an export, a temporary folder)
+            _fail(f"cannot write {err.filename or 'a file'}: {err.strerror}; free space on that disk, then run "
+                  "the command again", 2)
         except KeyboardInterrupt:
             _fail("interrupted", 130)
 
