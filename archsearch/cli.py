@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-import json
+import math
 import shlex
 from pathlib import Path
 from typing import Annotated, Optional
@@ -30,6 +30,7 @@ from archsearch.cli_common import (
     require_study,
     user_errors,
 )
+from archsearch.jsontext import strict_json
 
 # Plain click help: rich help labels every flag `<bool>`.
 app = typer.Typer(help="Declarative architecture search and scaling studies for language models.",
@@ -60,7 +61,7 @@ def plan(study: StudyArg, as_json: JsonOpt = False, wide: WideOpt = False,
 
     trials = A.plan(A.load_study(study, overrides=overrides or ()))
     if as_json:
-        typer.echo(json.dumps([t.to_dict() for t in trials], indent=2))
+        typer.echo(strict_json([t.to_dict() for t in trials], indent=2))
         return
     from archsearch.terminal import plan_table
 
@@ -188,7 +189,7 @@ def _job_status(job_id: str, address: Optional[str], *, as_json: bool) -> None:
     state, message, log = jobs.job_state(address, job_id)
     tail = log.splitlines()[-LOG_TAIL:]
     if as_json:
-        typer.echo(json.dumps({"job": job_id, "status": state, "message": message, "log_tail": tail}, indent=2))
+        typer.echo(strict_json({"job": job_id, "status": state, "message": message, "log_tail": tail}, indent=2))
         return
     typer.echo(f"job {job_id}: {state}" + (f" ({message.strip()})" if message.strip() else ""))
     for line in tail:
@@ -225,15 +226,22 @@ def pareto(objectives: Annotated[str, typer.Option(help="columns with directions
     try:
         ref = [float(v) for v in reference.split(",")] if reference else None
     except ValueError:
-        raise ValueError(f"--reference '{reference}': give one number per objective, e.g. 4.0,1e8,0") from None
+        ref = [math.nan]
+    if ref is not None and not all(math.isfinite(v) for v in ref):
+        raise ValueError(f"--reference '{reference}': give one finite number per objective, e.g. 4.0,1e8,0")
+    if extrapolate is not None and not (math.isfinite(extrapolate) and extrapolate > 0):
+        raise ValueError(f"--extrapolate {extrapolate}: give a positive, finite parameter count, e.g. 1e9")
     if extrapolate is not None:
         front = analysis.extrapolated_front(table, goals, extrapolate, by=by or ("family" if from_csv is None
                                                                                    else None),
                                             pool_arms=pool_arms, bootstrap=bootstrap, reference=ref)
     else:
         front = analysis.pareto(table, goals, reference=ref, matched=matched)
+    if not front.considered:
+        raise ValueError(f"no row has a value for every objective ({', '.join(c for c, _ in goals)}) among "
+                         f"{table.num_rows} read; nothing to compare (see `archsearch status` or the CSV)")
     if as_json:
-        typer.echo(json.dumps(front.to_dict(), indent=2, default=str))
+        typer.echo(strict_json(front.to_dict(), indent=2))
         return
     from archsearch.terminal import front_table, lines
 
@@ -292,7 +300,7 @@ def fit(store: StoreOpt = DEFAULT_STORE, study: StudyOpt = None, from_csv: CsvOp
         at_c = next((p["C"] for p in points if "C" in p), None)
         out["multipliers"] = [result.compute_multiplier(*result.pair(compare), compute=at_c)]
     if as_json:
-        typer.echo(json.dumps(out, indent=2))
+        typer.echo(strict_json(out, indent=2))
         return
     from archsearch.terminal import fit_tables
 
@@ -326,7 +334,7 @@ def compare(baseline: Annotated[str, typer.Option(help="the arm every other is c
     result = analysis.compare_arms(_analysis_table(store, study, from_csv), baseline=baseline, by=by, within=within,
                                    metric=metric, seed_col=seed_col, level=level, seed=seed)
     if as_json:
-        typer.echo(json.dumps(result.to_dict(), indent=2))
+        typer.echo(strict_json(result.to_dict(), indent=2))
         return
     from archsearch.terminal import compare_table
 
@@ -349,9 +357,13 @@ def _point(text: str) -> dict[str, float]:
     for part in filter(None, (p.strip() for p in text.split(","))):
         name, _, value = part.partition("=")
         try:
-            point[name.strip().upper()] = float(value)
+            number = float(value)
         except ValueError:
-            raise ValueError(f"--at '{text}': write NAME=NUMBER pairs, e.g. N=1e9,D=2e10 or C=1e21") from None
+            number = math.nan
+        if not (math.isfinite(number) and number > 0):
+            raise ValueError(f"--at '{text}': write NAME=NUMBER pairs of positive, finite numbers, e.g. N=1e9,D=2e10 "
+                             "or C=1e21")
+        point[name.strip().upper()] = number
         if name.strip().upper() not in ("N", "D", "C"):
             raise ValueError(f"--at '{text}': unknown variable '{name}'; use N, D or C")
     return point
@@ -420,7 +432,7 @@ def schema(kind: Annotated[str, typer.Argument(help="study or space")] = "study"
     models = {"study": Study, "space": Space}
     if kind not in models:
         _fail(f"unknown schema '{kind}'; choose study or space", 2)
-    typer.echo(json.dumps(models[kind].model_json_schema(), indent=2))
+    typer.echo(strict_json(models[kind].model_json_schema(), indent=2))
 
 
 app.add_typer(analyze_app, name="analyze")
@@ -462,7 +474,7 @@ def bench(study: StudyArg,
                           threads=threads or loaded.execution.threads_per_trial, batch_size=batch_size,
                           compile_backend=compile_backend)
     if as_json:
-        typer.echo(json.dumps(result, indent=2))
+        typer.echo(strict_json(result, indent=2))
         return
     from archsearch.terminal import bench_table
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Optional
 
 import typer
 
 from archsearch.cli_common import DEFAULT_STORE, JsonOpt, StoreOpt, user_errors
+from archsearch.jsontext import strict_json
 
 analyze_app = typer.Typer(help="Analyses of trained trials, loaded from their checkpoints (docs/inspect.md).",
                           no_args_is_help=True)
@@ -25,7 +25,7 @@ def _analysis(run, title: str, columns: list[str], as_json: bool, fold: str | No
     calib = Calibration(batches=kwargs.pop("batches"), batch_size=kwargs.pop("batch_size"), seed=kwargs.pop("seed"))
     rows = run(calib=calib, **kwargs)
     if as_json:
-        typer.echo(json.dumps(rows, indent=2))
+        typer.echo(strict_json(rows, indent=2))
         return
     from archsearch.terminal import profile_table
 

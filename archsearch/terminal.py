@@ -21,6 +21,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from archsearch.jsontext import strict_json
+
 # C0/C1 control characters (ESC starts every ANSI sequence) and the bidi
 # overrides that reorder what a terminal shows.
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
@@ -277,8 +279,8 @@ def status_tables(db, *, study: str | None, as_json: bool, wide: bool = False) -
     ladders = db.ladders(study).to_pylist()
     checks = db.checks(study)
     if as_json:
-        print(json.dumps({"studies": studies, "trials": trials, "fidelity_ladders": ladders, "checks": checks},
-                         indent=2, default=str))
+        print(strict_json({"studies": studies, "trials": trials, "fidelity_ladders": ladders, "checks": checks},
+                          indent=2))
         return
     out = console()
     out.print(f"studies in {plain(db.path)}", soft_wrap=True)

@@ -31,6 +31,8 @@ bands as it opens. L(N, D) keeps L-BFGS.
 
 from __future__ import annotations
 
+import math
+
 import functools
 import itertools
 import sys
@@ -430,9 +432,9 @@ def _complete_point(law: Law, at: dict[str, float]) -> dict[str, float]:
     if missing:
         raise ValueError(f"{law.name} needs {', '.join(missing)} to predict (give e.g. "
                          f"{', '.join(f'{v}=1e9' for v in law.variables)})")
-    bad = [f"{v}={at[v]:g}" for v in law.variables if not at[v] > 0]
+    bad = [f"{v}={at[v]:g}" for v in law.variables if not (at[v] > 0 and math.isfinite(at[v]))]
     if bad:
-        raise ValueError(f"{law.name}: {', '.join(bad)}: must be positive")
+        raise ValueError(f"{law.name}: {', '.join(bad)}: must be positive and finite")
     return at
 
 

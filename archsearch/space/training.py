@@ -31,9 +31,10 @@ class Strict(BaseModel):
     """Frozen; unknown keys are errors rather than silent defaults; and values are
     not converted between types: ``num_layers: "4"`` (a quoted number) or
     ``exit_gate: 1`` is refused, so what a file says is what runs. An integer
-    is accepted where a float is asked."""
+    is accepted where a float is asked; NaN and infinities (`.nan`, `.inf`) are not
+    numbers a study can mean, and are refused."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 class HubSource(Strict):

@@ -1,0 +1,221 @@
+"""Hostile input on the command line itself: CSV files for ``fit``, ``pareto`` and
+``compare --from-csv``, numbers that are not finite, YAML that contains itself in ``--set``,
+and the JSON every ``--json`` prints, which must parse under a parser that rejects NaN and
+Infinity (JSON has neither).
+
+Each refusal is one line naming the input and the fix, exit 2, no traceback, inside the time
+and memory limits of the hostile study corpus (``run_limited``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import click
+import pytest
+import typer
+
+from archsearch.cli import app
+from tests.analysis_support import write_store
+from tests.test_hostile_files import assert_one_clean_line, run_limited
+
+CSV_COMMANDS = {"fit": ["fit"], "pareto": ["pareto", "--objectives", "val_loss,params"],
+                "compare": ["compare", "--baseline", "a", "--by", "arm"]}
+
+
+def _sparse_nul(path: Path) -> None:
+    with path.open("wb") as file:
+        file.truncate(2 << 30)  # 2 GB of NUL bytes, no disk used
+
+
+def _long_field(path: Path) -> None:
+    path.write_text("arm,params,val_loss,note\n" + "a,1e6,3.0," + "x" * (64 << 20) + "\n")
+
+
+# name: (how to make the CSV, what the one line says)
+CSVS = {
+    "duplicate-columns": (lambda p: p.write_text("arm,params,val_loss,params\na,1,2,3\n"),
+                          "names column 'params' more than once"),
+    "header-only": (lambda p: p.write_text("arm,params,val_loss,seed\n"), "the header has no rows under it"),
+    "fifo": (os.mkfifo, "is a named pipe"),
+    "dev-zero": (lambda p: p.symlink_to("/dev/zero"), "is a device"),
+    "folder": (lambda p: p.mkdir(), "is a directory"),
+    "missing": (lambda p: None, "does not exist"),
+    "million-columns": (lambda p: p.write_text(",".join(f"c{i}" for i in range(10**6)) + "\n1\n"),
+                        "the header names 1,000,000 columns"),
+    "2gb-of-nul": (_sparse_nul, "is larger than 100,000,000 bytes"),
+    "nul-bytes": (lambda p: p.write_bytes(b"arm,params\n\x00\x00\n"), "is a binary file"),
+}
+
+
+@pytest.mark.parametrize("command", list(CSV_COMMANDS))
+@pytest.mark.parametrize("case", list(CSVS))
+def test_a_hostile_csv_is_one_line_naming_it(case, command, tmp_path):
+    make, expect = CSVS[case]
+    csv = tmp_path / "rows.csv"
+    make(csv)
+    code, stderr = run_limited(*CSV_COMMANDS[command], "--from-csv", str(csv))
+    assert_one_clean_line(code, stderr, expect=expect, name=str(csv), line_number=False)
+
+
+def test_a_64mb_field_is_read_not_refused_for_a_block_size(tmp_path):
+    """A field longer than pyarrow's default block once asked to "increase block size", which
+    no option can do; the file is read as one block instead."""
+    csv = tmp_path / "long.csv"
+    _long_field(csv)
+    code, stderr = run_limited("fit", "--from-csv", str(csv))
+    assert "block size" not in stderr and "Traceback" not in stderr, stderr
+    assert code == 2 and "nothing to fit" in stderr  # one row: read, then too few points
+
+
+# a number that is not finite, wherever a command takes one
+NUMBERS = {
+    "fit --at N=inf": (["fit", "--store", "STORE", "--at", "N=inf", "--json"], "--at 'N=inf'"),
+    "fit --at D=nan": (["fit", "--store", "STORE", "--at", "N=1e9,D=nan"], "--at 'N=1e9,D=nan'"),
+    "fit --at C=-inf": (["fit", "--store", "STORE", "--at", "C=-inf"], "--at 'C=-inf'"),
+    "pareto --reference nan,nan": (["pareto", "--store", "STORE", "--reference", "nan,nan"],
+                                   "--reference 'nan,nan'"),
+    "pareto --reference inf,1": (["pareto", "--store", "STORE", "--reference", "inf,1"], "--reference 'inf,1'"),
+    "pareto --extrapolate inf": (["pareto", "--store", "STORE", "--extrapolate", "inf"], "--extrapolate inf"),
+    "pareto --extrapolate nan": (["pareto", "--store", "STORE", "--extrapolate", "nan"], "--extrapolate nan"),
+    "plan --set lr=.nan": (["plan", "STUDY", "--set", "recipe.weight_decay=.nan"], "Input should be a finite number"),
+    "plan --set targets=[.inf]": (["plan", "STUDY", "--set", "budget.targets=[.inf]"],
+                                  "Input should be a finite number"),
+    "plan --set tolerance=.inf": (["plan", "STUDY", "--set", "budget.tolerance=.inf"],
+                                  "Input should be a finite number"),
+}
+
+
+@pytest.fixture(scope="module")
+def good_store(tmp_path_factory) -> Path:
+    return write_store(tmp_path_factory.mktemp("numbers") / "s.duckdb")
+
+
+def _args(args: list[str], store: Path, study: Path) -> list[str]:
+    return [{"STORE": str(store), "STUDY": str(study)}.get(a, a) for a in args]
+
+
+@pytest.mark.parametrize("case", list(NUMBERS))
+def test_a_number_that_is_not_finite_is_refused(case, good_store, tiny_study):
+    args, expect = NUMBERS[case]
+    code, stderr = run_limited(*_args(args, good_store, tiny_study))
+    assert_one_clean_line(code, stderr, expect=expect, name="", line_number=False)
+    assert "finite" in stderr, stderr
+
+
+@pytest.mark.parametrize("value", ["&a [0, *a]", "&m {x: 1, y: *m}", "&m {x: 1, <<: *m}"])
+def test_a_set_value_that_contains_itself_is_one_line(value, tiny_study):
+    code, stderr = run_limited("plan", str(tiny_study), "--set", f"seeds={value}")
+    line = assert_one_clean_line(code, stderr, expect="itself", name=f"--set seeds={value}", line_number=False)
+    assert "RecursionError" not in line
+
+
+# strict JSON: every command with --json, run on inputs whose results hold NaN where JSON has none
+
+
+def _reject(constant: str):
+    raise ValueError(f"not JSON: {constant}")
+
+
+def strict_loads(text: str):
+    """JSON as the standard has it: NaN, Infinity and -Infinity are errors."""
+    return json.loads(text, parse_constant=_reject)
+
+
+def commands_with_json() -> set[str]:
+    """Every command (``analyze rho`` for a sub-command) that has a ``--json`` option."""
+    found, root = set(), typer.main.get_command(app)
+    stack = [((), root)]
+    while stack:
+        prefix, command = stack.pop()
+        if isinstance(command, click.Group):
+            stack += [((*prefix, name), sub) for name, sub in command.commands.items()]
+        elif any("--json" in getattr(p, "opts", ()) for p in command.params):
+            found.add(" ".join(prefix))
+    return found
+
+
+CALIB = ["--batches", "2", "--batch-size", "2"]
+JSON_CASES = {
+    "plan": ["plan", "STUDY", "--json"],
+    "status": ["status", "--store", "NANS", "--json"],
+    "ls": ["ls", "--store", "NANS", "--json"],
+    "fit": ["fit", "--store", "NANS", "--at", "N=1e9", "--json"],
+    "fit-csv": ["fit", "--from-csv", "CSV", "--json"],  # a single point: every statistic undefined
+    "pareto": ["pareto", "--store", "NANS", "--json"],
+    "pareto-extrapolated": ["pareto", "--store", "NANS", "--extrapolate", "1e9", "--json"],
+    "compare": ["compare", "--store", "NANS", "--baseline", "transformer", "--by", "family", "--json"],
+    "compare-csv": ["compare", "--from-csv", "CSV", "--baseline", "a", "--by", "arm", "--json"],  # one seed
+    "bench": ["bench", "STUDY", "--trial", "0", "--rounds", "1", "--no-hf", "--kernels", "off", "--json"],
+    "analyze rho": ["analyze", "rho", "stack", "--store", "TRAINED", *CALIB, "--json"],
+    "analyze prune": ["analyze", "prune", "stack", "--store", "TRAINED", *CALIB, "--json"],
+    "analyze wanda": ["analyze", "wanda", "stack", "--store", "TRAINED", "--sparsity", "0.5", *CALIB, "--json"],
+    "analyze exit": ["analyze", "exit", "looped", "--store", "TRAINED", "--thresholds", "0.5,1.0",
+                     "--adapt-steps", "1", *CALIB, "--json"],
+    "analyze probe": ["analyze", "probe", "stack", "--store", "TRAINED", "--state", "hidden:0",
+                      "--target", "lag:0", *CALIB, "--json"],
+}
+# status --job needs a Ray job server; its output is the same strict_json of strings
+NEEDS_A_CLUSTER = {"status", "ls"}
+
+
+def test_every_command_with_json_is_checked():
+    cases = {name.split("-")[0] for name in JSON_CASES}
+    assert commands_with_json() <= cases | NEEDS_A_CLUSTER, commands_with_json() - cases
+
+
+@pytest.fixture(scope="module")
+def trained_store(tmp_path_factory) -> Path:
+    from tests.test_analyze_cli import LOOPED, STACK, trained
+
+    folder = tmp_path_factory.mktemp("trained")
+    corpus = folder / "corpus"
+    corpus.mkdir()
+    words = "the quick brown fox jumps over the lazy dog while a small model learns to count".split()
+    for i in range(4):
+        (corpus / f"doc{i}.txt").write_text(" ".join(words[(i + j) % len(words)] for j in range(300)))
+    path = folder / "s.duckdb"
+    trained(path, STACK, "stack", corpus)
+    trained(path, LOOPED, "looped", corpus)
+    return path
+
+
+@pytest.fixture(scope="module")
+def nan_store(tmp_path_factory) -> Path:
+    """A store another tool wrote NaN and infinities into (DuckDB keeps them; archsearch writes NULL)."""
+    import duckdb
+
+    path = write_store(tmp_path_factory.mktemp("nans") / "s.duckdb")
+    con = duckdb.connect(str(path))
+    con.execute("UPDATE trials SET train_loss = 'nan'::DOUBLE, tokens_per_s = 'inf'::DOUBLE "
+                "WHERE trial_id IN ('t0', 't3')")
+    con.execute("UPDATE trials SET val_loss = 'nan'::DOUBLE WHERE trial_id = 't5'")
+    con.close()
+    return path
+
+
+@pytest.mark.parametrize("case", list(JSON_CASES))
+def test_json_output_is_strict_json(case, nan_store, tiny_study, tmp_path, request):
+    from typer.testing import CliRunner
+
+    csv = tmp_path / "one.csv"
+    csv.write_text("arm,seed,params,val_loss\na,0,1e6,3.0\nb,0,2e6,2.9\n")
+    swap = {"NANS": str(nan_store), "STUDY": str(tiny_study), "CSV": str(csv)}
+    if "TRAINED" in JSON_CASES[case]:
+        swap["TRAINED"] = str(request.getfixturevalue("trained_store"))
+    result = CliRunner().invoke(app, [swap.get(a, a) for a in JSON_CASES[case]])
+    if case.endswith("-csv") and result.exit_code == 2:  # refused in one line: no JSON to check
+        assert result.output.startswith("error: ") and result.output.count("\n") == 1, result.output
+        return
+    assert result.exit_code == 0, result.output
+    strict_loads(result.stdout)
+
+
+def test_the_guide_states_the_csv_limits_the_code_holds():
+    from archsearch.analysis import tables
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "guide.md").read_text()
+    for value in (tables.MAX_CSV_BYTES, tables.MAX_CSV_COLUMNS):
+        assert f"{value:,}" in text, f"docs/guide.md does not give the CSV limit {value:,}"
