@@ -68,28 +68,32 @@ def plan(study: StudyArg, as_json: JsonOpt = False, wide: WideOpt = False,
     plan_table(trials, layers=layers, wide=wide)
 
 
+RetryFailedOpt = Annotated[bool, typer.Option(
+    "--retry-failed", help="also train the failed and diverged trials that used up execution.max_attempts")]
+
+
 @app.command()
 @user_errors
 def run(study: StudyArg, store: StoreOpt = DEFAULT_STORE, address: AddressOpt = None,
         max_parallel: MaxParallelOpt = None, report: ReportOpt = None, progress: ProgressOpt = True,
-        overrides: SetOpt = None):
+        overrides: SetOpt = None, retry_failed: RetryFailedOpt = False):
     """Run the study (embedded Ray unless --address), writing the store."""
     _run(study, store=store, address=address, max_parallel=max_parallel, report=report, progress=progress,
-         resume=False, overrides=overrides or [])
+         resume=False, overrides=overrides or [], retry_failed=retry_failed)
 
 
 @app.command()
 @user_errors
 def resume(study: StudyArg, store: StoreOpt = DEFAULT_STORE, address: AddressOpt = None,
            max_parallel: MaxParallelOpt = None, report: ReportOpt = None, progress: ProgressOpt = True,
-           overrides: SetOpt = None):
+           overrides: SetOpt = None, retry_failed: RetryFailedOpt = False):
     """Continue an interrupted study; finished trials are skipped."""
     _run(study, store=store, address=address, max_parallel=max_parallel, report=report, progress=progress,
-         resume=True, overrides=overrides or [])
+         resume=True, overrides=overrides or [], retry_failed=retry_failed)
 
 
 def _run(study_path: Path, *, store: Path, address, max_parallel, report, progress, resume: bool,
-         overrides: list[str]) -> None:
+         overrides: list[str], retry_failed: bool = False) -> None:
     import archsearch as A
     from archsearch.errors import StoreError, StoreFullError
     from archsearch.execute import run_study
@@ -108,7 +112,7 @@ def _run(study_path: Path, *, store: Path, address, max_parallel, report, progre
         again += [flag, str(value)] if value is not None else []
     try:
         summary = run_study(study, store=store, address=address, max_parallel=max_parallel,
-                            show_progress=progress)
+                            show_progress=progress, retry_failed=retry_failed)
     except KeyboardInterrupt:
         _fail(f"interrupted; finished trials are saved, continue with: {shlex.join(again)}", 130)
     except StoreFullError as err:
@@ -118,7 +122,8 @@ def _run(study_path: Path, *, store: Path, address, max_parallel, report, progre
 
     report = report or _default_report(study.name)
     with _writing(report, "the report"):
-        run_summary(summary, store=store, report=report)
+        run_summary(summary, store=store, report=report,
+                    retry=shlex.join([*again, "--retry-failed"]), attempts=study.execution.max_attempts)
 
 
 def _default_report(study: str | None) -> Path:

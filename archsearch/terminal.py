@@ -237,8 +237,9 @@ def _fit_number(value) -> str:
     return _fmt(value)
 
 
-def run_summary(summary, *, store: Path, report: Path) -> None:
-    """After a run: counts, the best trial, the front, and the report path."""
+def run_summary(summary, *, store: Path, report: Path, retry: str = "", attempts: int = 0) -> None:
+    """After a run: counts, the best trial, the front, and the report path; the failed trials
+    left as they are after ``attempts`` attempts, with ``retry``, the command that trains them."""
     from archsearch_dashboards.report import (
         DEFAULT_OBJECTIVES,
         completed_rows,
@@ -254,6 +255,11 @@ def run_summary(summary, *, store: Path, report: Path) -> None:
                             f"{summary.completed:,} trained, "
                             + (f"{summary.shared:,} shared a twin's training, " if summary.shared else "")
                             + f"{summary.failed:,} failed in {summary.wall_time_s:,.0f}s"))
+    if summary.held:
+        out.print(f"{summary.held:,} failed or diverged trial{'s' * (summary.held != 1)} left as "
+                  f"{'they are' if summary.held != 1 else 'it is'} after {attempts} attempts (execution.max_attempts); "
+                  f"see `archsearch status --store {plain(store)}` for the errors, or train "
+                  f"{'them' if summary.held != 1 else 'it'} again with: {plain(retry)}", soft_wrap=True)
     with A.open_store(store, read_only=True) as db:
         rows = completed_rows(db, summary.study)
         if not rows:

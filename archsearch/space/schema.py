@@ -299,6 +299,10 @@ class Execution(Strict):
         default="auto", description="trials at once; auto = as many as the cluster's CPUs (and GPUs) fit")
     threads_per_trial: int = Field(default=1, ge=1, le=1024, description="torch threads inside each trial")
     retries: int = Field(default=1, ge=0, le=10, description="re-runs of a trial whose worker died")
+    max_attempts: int = Field(
+        default=3, ge=1, le=100, description="attempts a trial gets over all runs of the study (worker retries "
+                                             "included) before run and resume leave a failed or diverged trial "
+                                             "as it is; resume --retry-failed trains such trials once more")
     workers_per_trial: int = Field(
         default=1, ge=1, le=1024, description="data-parallel workers training each trial (torch DDP: gloo on CPU, "
                                               "NCCL on GPU); each reserves cpus/gpus/memory and reads "

@@ -361,8 +361,8 @@ class Store(SideTables):
     def trial_rows(self) -> dict[str, dict]:
         """Every trial's plan and result columns by trial id (for searches
         that must not train a finished trial again)."""
-        table = self.sql("SELECT trial_id, status, params, flops_per_token, state, val_loss, val_accuracy, "
-                         "tokens, tokens_per_s, train_loss FROM trials")
+        table = self.sql("SELECT trial_id, status, attempts, params, flops_per_token, state, val_loss, "
+                         "val_accuracy, tokens, tokens_per_s, train_loss FROM trials")
         return {row["trial_id"]: row for row in table.to_pylist()}
 
     def completed_plans(self) -> list[dict]:
