@@ -407,16 +407,43 @@ def report(output: Annotated[Optional[Path], typer.Option(
 @user_errors
 def dashboard(store: StoreOpt = DEFAULT_STORE,
               host: Annotated[str, typer.Option(help="address to serve on (loopback by default)")] = "127.0.0.1",
-              port: Annotated[int, typer.Option(help="port to serve on")] = 8050):
+              port: Annotated[int, typer.Option(min=1, max=65535, help="port to serve on")] = 8050,
+              password: Annotated[Optional[str], typer.Option(
+                  envvar="ARCHSEARCH_DASHBOARD_PASSWORD",
+                  help="ask every visitor for this password (HTTP Basic, any user name); better set "
+                       "ARCHSEARCH_DASHBOARD_PASSWORD than type it")] = None):
     """The live dashboard: figures that redraw as trials finish (Ctrl-C stops it)."""
     with reading(store):  # a store it cannot read: one line now, not an error on every redraw
         pass
     try:
         from archsearch_dashboards.app import serve
+
+        if password:
+            import dash_auth  # noqa: F401
     except ImportError as err:
-        _fail(f"the dashboard needs Dash ({err.name} is missing): pip install 'archsearch[dashboard]'", 2)
+        _fail(f"the dashboard needs Dash and dash-auth ({err.name} is missing): pip install "
+              "'archsearch[dashboard]'", 2)
+    if not _loopback(host):
+        if password:
+            typer.echo(f"note: the dashboard on {host} asks for the password, which HTTP sends unencrypted: serve "
+                       "it on a trusted network or behind an HTTPS proxy", err=True)
+        else:
+            typer.echo(f"warning: the dashboard on {host} shows {store} to every machine that can reach port {port}, "
+                       "with no password; set ARCHSEARCH_DASHBOARD_PASSWORD (or --password) to ask for one", err=True)
     typer.echo(f"dashboard: http://{host}:{port}/ over {store} (Ctrl-C stops it)")
-    serve(store, host=host, port=port)
+    serve(store, host=host, port=port, password=password)
+
+
+def _loopback(host: str) -> bool:
+    """Whether ``host`` is reached from this machine only (127.0.0.0/8, ::1, localhost)."""
+    import ipaddress
+
+    if host.strip("[]").lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to any interface
 
 
 @app.command()
