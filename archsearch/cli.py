@@ -51,15 +51,19 @@ def main(version: Annotated[bool, typer.Option("--version", callback=_version, i
     """Options before any command (the app's help text is the Typer's)."""
 
 
+IgnoreMemoryOpt = Annotated[bool, typer.Option(
+    "--ignore-memory", help="plan trials whose estimated peak memory exceeds execution.memory or this machine's")]
+
+
 @app.command()
 @user_errors
 def plan(study: StudyArg, as_json: JsonOpt = False, wide: WideOpt = False,
          layers: Annotated[bool, typer.Option("--layers", help="show each trial's per-layer plan")] = False,
-         overrides: SetOpt = None):
+         overrides: SetOpt = None, ignore_memory: IgnoreMemoryOpt = False):
     """Every trial the study would run, widths solved; trains nothing."""
     import archsearch as A
 
-    trials = A.plan(A.load_study(study, overrides=overrides or ()))
+    trials = A.plan(A.load_study(study, overrides=_memory_override(overrides, ignore_memory)))
     if as_json:
         typer.echo(strict_json([t.to_dict() for t in trials], indent=2))
         return
@@ -76,20 +80,25 @@ RetryFailedOpt = Annotated[bool, typer.Option(
 @user_errors
 def run(study: StudyArg, store: StoreOpt = DEFAULT_STORE, address: AddressOpt = None,
         max_parallel: MaxParallelOpt = None, report: ReportOpt = None, progress: ProgressOpt = True,
-        overrides: SetOpt = None, retry_failed: RetryFailedOpt = False):
+        overrides: SetOpt = None, retry_failed: RetryFailedOpt = False, ignore_memory: IgnoreMemoryOpt = False):
     """Run the study (embedded Ray unless --address), writing the store."""
     _run(study, store=store, address=address, max_parallel=max_parallel, report=report, progress=progress,
-         resume=False, overrides=overrides or [], retry_failed=retry_failed)
+         resume=False, overrides=_memory_override(overrides, ignore_memory), retry_failed=retry_failed)
 
 
 @app.command()
 @user_errors
 def resume(study: StudyArg, store: StoreOpt = DEFAULT_STORE, address: AddressOpt = None,
            max_parallel: MaxParallelOpt = None, report: ReportOpt = None, progress: ProgressOpt = True,
-           overrides: SetOpt = None, retry_failed: RetryFailedOpt = False):
+           overrides: SetOpt = None, retry_failed: RetryFailedOpt = False, ignore_memory: IgnoreMemoryOpt = False):
     """Continue an interrupted study; finished trials are skipped."""
     _run(study, store=store, address=address, max_parallel=max_parallel, report=report, progress=progress,
-         resume=True, overrides=overrides or [], retry_failed=retry_failed)
+         resume=True, overrides=_memory_override(overrides, ignore_memory), retry_failed=retry_failed)
+
+
+def _memory_override(overrides: list[str] | None, ignore_memory: bool) -> list[str]:
+    """``--ignore-memory`` is ``--set execution.memory_check=false`` (so a resume command repeats it)."""
+    return [*(overrides or []), *(["execution.memory_check=false"] if ignore_memory else [])]
 
 
 def _run(study_path: Path, *, store: Path, address, max_parallel, report, progress, resume: bool,

@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from archsearch.budget.memory import readable_bytes
 from archsearch.jsontext import strict_json
 
 # C0/C1 control characters (ESC starts every ANSI sequence) and the bidi
@@ -92,9 +93,10 @@ def plan_table(trials: list, *, layers: bool = False, wide: bool = False) -> Non
     rows = [{**t.axes, "seed": t.seed} for t in trials]
     varying, shared = split_axes(rows)
     axes, axis_cells = _axis_cells(rows, _all_names(rows) if wide else varying, wide=wide)
-    measures = ["params", "error", "FLOPs/token"]
+    measures = ["params", "error", "FLOPs/token", "memory"]
     if wide:
-        measures = ["match", "target", "achieved", "error", "params", "d_model", "MLP widths", "FLOPs/token", "state"]
+        measures = ["match", "target", "achieved", "error", "params", "d_model", "MLP widths", "FLOPs/token", "state",
+                    "memory"]
     elif trials and trials[0].match == "state":
         measures.append("state")
     matched = f", matched on {trials[0].match}" if trials and not wide else ""
@@ -102,7 +104,8 @@ def plan_table(trials: list, *, layers: bool = False, wide: bool = False) -> Non
     for t, cells_of_axes in zip(trials, axis_cells):
         cells = {"match": t.match, "target": t.target, "achieved": t.achieved, "error": f"{t.match_error:+.2%}",
                  "params": t.params, "d_model": t.spec.d_model, "MLP widths": ",".join(map(str, t.spec.mlp_widths)),
-                 "FLOPs/token": t.flops_per_token, "state": t.state}
+                 "FLOPs/token": t.flops_per_token, "state": t.state,
+                 "memory": readable_bytes(t.memory.total) if t.memory is not None else None}
         table.add_row(t.trial_id, *cells_of_axes, *(_fmt(cells[m]) for m in measures))
     out = console()
     _print(out, table, wide=wide, note=None if wide else _shared_line(shared))
@@ -114,8 +117,17 @@ def plan_table(trials: list, *, layers: bool = False, wide: bool = False) -> Non
     if trials:
         over = f"the {len(trials)} trials" if len(trained) == len(trials) else \
             f"the {len(trained)} trainings of the {len(trials)} trials"
-        out.print(f"total training FLOPs: {sum(t.train_flops for t in trained):.3g} "
-                  f"(FLOPs/token x tokens, summed over {over})")
+        train, evaluation = sum(t.train_flops for t in trained), sum(t.eval_flops for t in trained)
+        out.print(f"total FLOPs: {train + evaluation:.3g} = training {train:.3g} (FLOPs/token x tokens) + "
+                  f"evaluation {evaluation:.3g} (forward FLOPs/token x evaluation tokens), summed over {over}")
+        out.print("memory: each trial's estimated training peak (weights and gradients, AdamW state, activations "
+                  "of a micro-batch, logits), without the Python and torch runtime")
+        heavy = [t for t in trials if t.total_params > 2 * max(t.params, 1)]
+        if heavy:
+            t = max(heavy, key=lambda t: t.total_params / max(t.params, 1))
+            out.print(f"note: embeddings hold {1 - t.params / t.total_params:.0%} of trial {t.trial_id}'s "
+                      f"{t.total_params:,} parameters (vocabulary {t.spec.vocab_size:,}); budget.targets count "
+                      "the rest only, unless budget.count_embeddings")
     memories = [t.to_dict() for t in trials if t.spec.structure == "memory"]
     if memories:
         out.print("memory overhead (its params over the rest, embeddings included): "

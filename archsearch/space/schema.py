@@ -311,7 +311,10 @@ class Execution(Strict):
                                description="CPUs Ray reserves for each trial; default threads_per_trial")
     gpus: float = Field(default=0, ge=0, le=64, description="GPUs per trial; a fraction packs small trials")
     memory: Annotated[int | None, BeforeValidator(_memory_bytes), Field(ge=1)] = Field(
-        default=None, description="memory Ray reserves per trial: 4GiB, 512MB or bytes")
+        default=None, description="memory Ray reserves per trial: 4GiB, 512MB or bytes; plan refuses a trial "
+                                  "whose estimated peak exceeds it (default: this machine's memory)")
+    memory_check: bool = Field(default=True, description="refuse a trial whose estimated peak memory exceeds "
+                                                         "execution.memory or the machine's (--ignore-memory: false)")
     storage: str | None = Field(
         default=None, description="where checkpoints go, reachable from every node: a shared folder, or a "
                                   "URI pyarrow opens (s3://bucket/path, gs://..., file:///...); "

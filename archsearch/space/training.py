@@ -173,7 +173,8 @@ class Recipe(Strict):
     beta2: float = Field(default=0.95, ge=0, lt=1, description="AdamW's second-moment decay")
     grad_clip: float = Field(default=1.0, gt=0, description="largest gradient norm")
     eval_every: int = Field(default=50, ge=1, description="steps between evaluations (and checkpoints)")
-    eval_batches: int = Field(default=4, ge=1, description="validation batches per evaluation, the same each time")
+    eval_batches: int = Field(default=4, ge=1, le=100_000,
+                              description="validation batches per evaluation, the same each time")
     autocast: Literal["auto", "bf16", "off"] = Field(default="auto", description="auto: bf16 on CUDA, off on CPU")
     compile: bool = Field(default=False, description="torch.compile the model")
     gate_steps: int = Field(
