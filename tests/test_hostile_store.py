@@ -286,3 +286,58 @@ def test_run_on_a_full_disk_stops_in_one_line_with_the_resume_command(tiny_study
     assert len(lines) == 1, done.stderr
     assert "No space left on device" in lines[0] and "free space on it, then resume" in lines[0], lines
     assert lines[0].endswith(f"then resume: archsearch resume {tiny_study} --store {DISK}/s.duckdb"), lines
+
+
+FILLER = textwrap.dedent("""\
+    import sys, time
+    from pathlib import Path
+    import archsearch as A
+    store = Path(sys.argv[1])
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:  # until the run has finished a trial
+        try:
+            with A.open_store(store, read_only=True) as db:
+                if db.sql("SELECT count(*) AS n FROM trials WHERE status = 'completed'").column("n")[0].as_py():
+                    break
+        except Exception:  # not made yet, or busy
+            pass
+        time.sleep(0.2)
+    with open(store.parent / "filler", "wb") as out:  # then every byte left on the disk
+        try:
+            while True:
+                out.write(b"x" * 65536)
+                out.flush()
+        except OSError:
+            pass
+    """)
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_disk_that_fills_mid_run_stops_it_cleanly_and_resume_finishes(tiny_study, tmp_path):
+    """The disk fills after the first trial: the run ends in one line with the resume command,
+    nothing it wrote before is lost, and the resume (space freed) trains the rest."""
+    (tmp_path / "filler.py").write_text(FILLER)
+    again = f"archsearch resume {tiny_study} --store {DISK}/s.duckdb --max-parallel 1"
+    script = tmp_path / "go.sh"
+    script.write_text(textwrap.dedent(f"""\
+        cd {tmp_path}
+        {sys.executable} -m archsearch.cli run {tiny_study} --store {DISK}/s.duckdb --max-parallel 1 \\
+            --no-progress 2> run.err > run.out &
+        run=$!
+        {sys.executable} filler.py {DISK}/s.duckdb
+        wait $run; echo "run $?"
+        rm -f {DISK}/filler
+        {sys.executable} -m archsearch.cli resume {tiny_study} --store {DISK}/s.duckdb --max-parallel 1 \\
+            --no-progress > resume.out 2> resume.err; echo "resume $?"
+        {sys.executable} -c "import archsearch as A; print(sorted(A.open_store('{DISK}/s.duckdb', read_only=True)
+            .trials('tiny').column('status').to_pylist()))"
+        """))
+    done = in_small_tmpfs(["sh", str(script)], size="64m", timeout=600)
+    lines = done.stdout.splitlines()
+    assert lines[:2] == ["run 2", "resume 0"], (done.stdout, done.stderr, (tmp_path / "run.err").read_text())
+    stopped = (tmp_path / "run.err").read_text().strip().splitlines()
+    assert len(stopped) == 1 and "Traceback" not in stopped[0], stopped
+    assert "No space left on device" in stopped[0] and stopped[0].endswith(f"then resume: {again}"), stopped
+    assert lines[2] == str(["completed"] * len(A.plan(A.load_study(tiny_study))))
+    assert " 0 failed" in (tmp_path / "resume.out").read_text()
