@@ -26,6 +26,7 @@ from archsearch.cli_common import (
     _fail,
     _writing,
     leave_now,
+    writable_kind,
     reading,
     require_study,
     user_errors,
@@ -115,6 +116,7 @@ def _run(study_path: Path, *, store: Path, address, max_parallel, report, progre
             require_study(db, study.name, store, f"start it with `archsearch run {study_path}`")
     with _writing(store.parent, "the store's folder"):
         store.parent.mkdir(parents=True, exist_ok=True)
+    writable_kind(report or _default_report(study.name), "the report")  # before training, not after
     again = ["archsearch", "resume", str(study_path), "--store", str(store)]
     again += [part for text in overrides for part in ("--set", text)]
     for flag, value in (("--address", address), ("--max-parallel", max_parallel), ("--report", report)):

@@ -33,11 +33,22 @@ def _fail(message: str, code: int) -> None:
     raise typer.Exit(code)
 
 
+def writable_kind(path: Path, what: str) -> None:
+    """Refuse, in one line, an output path that a write would block on (a named pipe no process
+    reads) or cannot write (a socket); see ``files.output_problem``."""
+    from archsearch.files import output_problem
+
+    problem = output_problem(path)
+    if problem is not None:
+        _fail(f"cannot write {what} {path}: it {problem}; choose another path", 2)
+
+
 @contextmanager
 def _writing(path: Path, what: str):
     """A file or folder the user named that cannot be written: one line, exit 2."""
     import duckdb
 
+    writable_kind(path, what)
     try:
         yield
     except (OSError, duckdb.IOException) as err:

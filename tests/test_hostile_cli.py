@@ -219,3 +219,43 @@ def test_the_guide_states_the_csv_limits_the_code_holds():
     text = (Path(__file__).resolve().parents[1] / "docs" / "guide.md").read_text()
     for value in (tables.MAX_CSV_BYTES, tables.MAX_CSV_COLUMNS):
         assert f"{value:,}" in text, f"docs/guide.md does not give the CSV limit {value:,}"
+
+
+# outputs: a named pipe no process reads would block the write for ever; a socket cannot be written
+OUTPUTS = {
+    "report": (["report", "-o", "OUT", "--store", "STORE"], "the report"),
+    "report-png": (["report", "--png", "OUT", "--store", "STORE"], "PNG files to"),
+    "export": (["export", "--parquet", "DIR", "--store", "STORE"], "Parquet files to"),
+    "run-report": (["run", "STUDY", "--store", "NEW", "--report", "OUT", "--no-progress"], "the report"),
+}
+
+
+@pytest.mark.parametrize("kind", ["fifo", "socket"])
+@pytest.mark.parametrize("case", list(OUTPUTS))
+def test_an_output_that_would_block_is_refused(case, kind, good_store, tiny_study, tmp_path):
+    import socket
+
+    args, what = OUTPUTS[case]
+    odd = tmp_path / ("parquet" if case == "export" else "out.html")
+    if case == "export":
+        odd.mkdir()
+        odd = odd / "studies.parquet"  # one of the files export writes
+    if kind == "fifo":
+        os.mkfifo(odd)
+    else:
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(str(odd))
+        server.close()
+    swap = {"OUT": str(odd), "DIR": str(odd.parent), "STORE": str(good_store), "STUDY": str(tiny_study),
+            "NEW": str(tmp_path / "new.duckdb")}
+    code, stderr = run_limited(*[swap.get(a, a) for a in args])
+    expect = "is a named pipe no process reads" if kind == "fifo" else "is a socket"
+    line = assert_one_clean_line(code, stderr, expect=expect, name=str(odd), line_number=False)
+    assert f"cannot write {what}" in line and "choose another path" in line
+    assert not (tmp_path / "new.duckdb.checkpoints").exists()  # run refused before training anything
+
+
+def test_a_device_or_a_read_pipe_is_written_to(good_store, tmp_path):
+    """What a user pipes or discards on purpose is not refused: /dev/null, and a pipe with a reader."""
+    code, stderr = run_limited("report", "-o", "/dev/null", "--store", str(good_store))
+    assert code == 0, stderr

@@ -23,7 +23,7 @@ import duckdb
 import pyarrow as pa
 
 from archsearch.errors import StoreError, StoreFullError
-from archsearch.files import kind_problem
+from archsearch.files import kind_problem, output_problem
 from archsearch.store.side import SideTables
 from archsearch.store.values import _finite, _now, code_version
 from archsearch.store.runlock import run_alive
@@ -427,6 +427,9 @@ class Store(SideTables):
         with self._connect() as con:
             for table in TABLES:
                 path = folder / f"{table}.parquet"
+                problem = output_problem(path)
+                if problem is not None:  # a named pipe there would block the COPY until someone reads it
+                    raise OSError(f"{path} {problem}")
                 quoted = path.as_posix().replace("'", "''")
                 try:
                     con.execute(f"COPY {table} TO '{quoted}' (FORMAT parquet)")
