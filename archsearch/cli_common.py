@@ -89,6 +89,7 @@ def user_errors(command):
         from archsearch.errors import ArchsearchError
 
         try:
+            _finite_options(kwargs)
             return command(*args, **kwargs)
         except ArchsearchError as err:
             _fail(str(err), err.exit_code)
@@ -104,6 +105,16 @@ def user_errors(command):
             _fail("interrupted", 130)
 
     return wrapper
+
+
+def _finite_options(options: dict) -> None:
+    """Refuse a NaN or an infinity given to any number option of a command (``--level nan``,
+    ``--extrapolate inf``): no command means one, and each would flow into its results."""
+    import math
+
+    for name, value in options.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"--{name.replace('_', '-')} {value}: give a finite number")
 
 
 def leave_now(code: object) -> None:

@@ -9,11 +9,11 @@ and memory limits of the hostile study corpus (``run_limited``).
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 from pathlib import Path
 
-import click
 import pytest
 import typer
 
@@ -80,6 +80,12 @@ NUMBERS = {
     "pareto --reference inf,1": (["pareto", "--store", "STORE", "--reference", "inf,1"], "--reference 'inf,1'"),
     "pareto --extrapolate inf": (["pareto", "--store", "STORE", "--extrapolate", "inf"], "--extrapolate inf"),
     "pareto --extrapolate nan": (["pareto", "--store", "STORE", "--extrapolate", "nan"], "--extrapolate nan"),
+    "analyze wanda --sparsity nan": (["analyze", "wanda", "t0", "--store", "STORE", "--sparsity", "nan"],
+                                     "--sparsity nan"),
+    "analyze rho --noise inf": (["analyze", "rho", "t0", "--store", "STORE", "--noise", "inf"], "--noise inf"),
+    "analyze exit --lr -inf": (["analyze", "exit", "t0", "--store", "STORE", "--lr", "-inf"], "--lr -inf"),
+    "analyze exit --thresholds nan": (["analyze", "exit", "t0", "--store", "STORE", "--thresholds", "0.5,nan"],
+                                      "every threshold must be in (0, 1]"),
     "plan --set lr=.nan": (["plan", "STUDY", "--set", "recipe.weight_decay=.nan"], "Input should be a finite number"),
     "plan --set targets=[.inf]": (["plan", "STUDY", "--set", "budget.targets=[.inf]"],
                                   "Input should be a finite number"),
@@ -102,7 +108,46 @@ def test_a_number_that_is_not_finite_is_refused(case, good_store, tiny_study):
     args, expect = NUMBERS[case]
     code, stderr = run_limited(*_args(args, good_store, tiny_study))
     assert_one_clean_line(code, stderr, expect=expect, name="", line_number=False)
-    assert "finite" in stderr, stderr
+    assert "finite" in stderr or "thresholds" in case, stderr
+
+
+def registered_commands() -> dict[str, object]:
+    """Every command's function as the app registered it (``analyze rho`` for a sub-command)."""
+    from archsearch.cli_analyze import analyze_app
+
+    out = {}
+    for prefix, typer_app in (("", app), ("analyze ", analyze_app)):
+        for command in typer_app.registered_commands:
+            name = command.name or command.callback.__name__.replace("_", "-")
+            out[prefix + name] = command.callback
+    return out
+
+
+def _takes_a_float(function) -> bool:
+    import typing
+
+    original = inspect.unwrap(function)
+    hints = typing.get_type_hints(original, include_extras=True)
+
+    def floats(hint) -> bool:
+        return hint is float or any(floats(inner) for inner in typing.get_args(hint))
+
+    return any(floats(hint) for name, hint in hints.items() if name != "return")
+
+
+def test_every_command_that_takes_a_number_refuses_nan_and_infinity():
+    """Each command with a float option runs inside ``user_errors``, which refuses a NaN or an
+    infinity given to any of them (the analyze and fit cases above show the line)."""
+    commands = registered_commands()
+    takes = {name for name, function in commands.items() if _takes_a_float(function)}
+    assert {"fit", "pareto", "analyze wanda", "analyze exit"} <= takes
+    for name in takes:
+        wrappers = []
+        function = commands[name]
+        while function is not None:
+            wrappers.append(function.__code__.co_qualname)  # functools.wraps copies __qualname__, not this
+            function = getattr(function, "__wrapped__", None)
+        assert any(w.startswith("user_errors") for w in wrappers), f"`archsearch {name}` is not in user_errors"
 
 
 @pytest.mark.parametrize("value", ["&a [0, *a]", "&m {x: 1, y: *m}", "&m {x: 1, <<: *m}"])
@@ -130,7 +175,7 @@ def commands_with_json() -> set[str]:
     stack = [((), root)]
     while stack:
         prefix, command = stack.pop()
-        if isinstance(command, click.Group):
+        if hasattr(command, "commands"):  # a group (typer's own, not a click.Group)
             stack += [((*prefix, name), sub) for name, sub in command.commands.items()]
         elif any("--json" in getattr(p, "opts", ()) for p in command.params):
             found.add(" ".join(prefix))
@@ -163,7 +208,9 @@ NEEDS_A_CLUSTER = {"status", "ls"}
 
 def test_every_command_with_json_is_checked():
     cases = {name.split("-")[0] for name in JSON_CASES}
-    assert commands_with_json() <= cases | NEEDS_A_CLUSTER, commands_with_json() - cases
+    found = commands_with_json()
+    assert {"plan", "fit", "analyze rho", "bench"} <= found  # the walk finds commands and sub-commands
+    assert found <= cases | NEEDS_A_CLUSTER, found - cases
 
 
 @pytest.fixture(scope="module")
