@@ -276,7 +276,7 @@ def test_a_write_to_a_full_disk_is_one_line_and_loses_nothing_written_before(tmp
 def test_run_on_a_full_disk_stops_in_one_line_with_the_resume_command(tiny_study, tmp_path):
     """The disk fills before the run's first write: one line, exit 2, the command to continue."""
     fill = tmp_path / "fill.sh"
-    fill.write_text(f"cd {tmp_path} && python -c 'import archsearch as A; A.open_store(\"'$1'/s.duckdb\")' && "
+    fill.write_text(f"cd {tmp_path} && {sys.executable} -c 'import archsearch as A; A.open_store(\"'$1'/s.duckdb\")' && "
                     "(dd if=/dev/zero of=$1/filler bs=64k 2>/dev/null; true) && "
                     f"{sys.executable} -m archsearch.cli run {tiny_study} --store $1/s.duckdb --no-progress\n")
     done = in_small_tmpfs(["sh", str(fill), "DISK"])
@@ -341,3 +341,21 @@ def test_a_disk_that_fills_mid_run_stops_it_cleanly_and_resume_finishes(tiny_stu
     assert "No space left on device" in stopped[0] and stopped[0].endswith(f"then resume: {again}"), stopped
     assert lines[2] == str(["completed"] * len(A.plan(A.load_study(tiny_study))))
     assert " 0 failed" in (tmp_path / "resume.out").read_text()
+
+
+def test_a_store_on_a_read_only_disk_is_read_and_not_written(tiny_study, good_store, tmp_path):
+    """Reading commands open the store read-only and work; run says the disk cannot be written."""
+    script = tmp_path / "ro.sh"
+    script.write_text(textwrap.dedent(f"""\
+        cd {tmp_path}
+        cp {good_store} {DISK}/s.duckdb
+        mount -o remount,ro {DISK}
+        {sys.executable} -m archsearch.cli status --store {DISK}/s.duckdb > /dev/null; echo "status $?"
+        {sys.executable} -m archsearch.cli run {tiny_study} --store {DISK}/s.duckdb --no-progress 2> run.err
+        echo "run $?"
+        """))
+    done = in_small_tmpfs(["sh", str(script)], size="16m")
+    assert done.stdout.split("\n")[:2] == ["status 0", "run 2"], (done.stdout, done.stderr)
+    line = (tmp_path / "run.err").read_text()
+    assert line.count("\n") == 1 and "Read-only file system" in line and "Traceback" not in line, line
+    assert "pass --store a path this user can write" in line

@@ -129,11 +129,11 @@ class Store(SideTables):
                     raise StoreError(f"cannot open store {self.path}: {str(err).splitlines()[0]}; another process "
                                      "holds it: wait for it to finish, or pass another --store") from None
                 if "lock" not in str(err):
-                    raise _store_problem(self.path, err) from None
+                    raise _store_problem(self.path, err, read_only=self.read_only) from None
                 time.sleep(delay)
                 delay = min(2 * delay, 0.1)
             except duckdb.Error as err:
-                raise _store_problem(self.path, err) from None
+                raise _store_problem(self.path, err, read_only=self.read_only) from None
         try:
             yield con
         except (duckdb.InterruptException, RuntimeError) as err:
@@ -145,7 +145,7 @@ class Store(SideTables):
         except duckdb.Error as err:
             if not _from_the_file(err):
                 raise  # a query of ours is wrong: our bug, with its traceback
-            raise _store_problem(self.path, err) from None
+            raise _store_problem(self.path, err, read_only=self.read_only) from None
         finally:
             con.close()
 
@@ -446,6 +446,7 @@ class Store(SideTables):
 DAMAGE = (duckdb.IOException, duckdb.SerializationException, duckdb.InternalException,
           duckdb.TransactionException, duckdb.FatalException)
 FULL_DISK = ("no space left", "disk quota", "file too large")
+NO_ACCESS = ("read-only file system", "permission denied", "operation not permitted")
 
 
 def _from_the_file(err: Exception) -> bool:
@@ -454,13 +455,17 @@ def _from_the_file(err: Exception) -> bool:
     return isinstance(err, DAMAGE) or "corrupt" in str(err).lower()
 
 
-def _store_problem(path: str, err: Exception) -> StoreError:
-    """One line for a DuckDB error a store's file or disk caused: full (free space, then resume)
-    or damaged (restore it), with DuckDB's own first line as the reason."""
+def _store_problem(path: str, err: Exception, *, read_only: bool) -> StoreError:
+    """One line for a DuckDB error a store's file or disk caused: full (free space, then resume),
+    out of reach (permissions, a read-only disk) or damaged (restore it), with DuckDB's own first
+    line as the reason."""
     reason = str(err).splitlines()[0] if str(err) else type(err).__name__
     if any(words in reason.lower() for words in FULL_DISK):
         return StoreFullError(f"cannot write store {path}: {reason}; the disk is full: free space on it, "
                               "then resume", path=path)
+    if any(words in reason.lower() for words in NO_ACCESS):
+        return StoreError(f"cannot open store {path}: {reason}; pass --store a path this user can "
+                          f"{'read' if read_only else 'write'} (reading commands open a store read-only)")
     return StoreError(f"store {path} is damaged or not a DuckDB file archsearch wrote ({reason}); restore it "
                       "from a copy or from its Parquet export (docs/execution.md), or pass another --store")
 
