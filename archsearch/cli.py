@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import math
 import shlex
+import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
 from archsearch.cli_analyze import analyze_app
+from archsearch.cli_kernels import kernels_app
 from archsearch.cli_common import (
     StudyArg,
     StoreOpt,
@@ -61,10 +63,25 @@ IgnoreMemoryOpt = Annotated[bool, typer.Option(
 def plan(study: StudyArg, as_json: JsonOpt = False, wide: WideOpt = False,
          layers: Annotated[bool, typer.Option("--layers", help="show each trial's per-layer plan")] = False,
          overrides: SetOpt = None, ignore_memory: IgnoreMemoryOpt = False):
-    """Every trial the study would run, widths solved; trains nothing."""
+    """Every trial the study would run, widths solved; trains nothing. A search (a sampler, or
+    fidelity rungs) also says what it proposes and the training FLOPs it implies."""
     import archsearch as A
 
-    trials = A.plan(A.load_study(study, overrides=_memory_override(overrides, ignore_memory)))
+    loaded = A.load_study(study, overrides=_memory_override(overrides, ignore_memory))
+    search = loaded.search
+    if search.probe is None and (search.sampler != "grid" or search.fidelity is not None):
+        from archsearch.search.preview import plan_search
+
+        preview = plan_search(loaded)
+        if as_json:
+            out = preview.to_dict() if search.sampler != "grid" else [t.to_dict() for t in preview.sample]
+            typer.echo(strict_json(out, indent=2))
+            return
+        from archsearch.terminal import search_plan
+
+        search_plan(preview, layers=layers, wide=wide)
+        return
+    trials = A.plan(loaded)
     if as_json:
         typer.echo(strict_json([t.to_dict() for t in trials], indent=2))
         return
@@ -107,6 +124,7 @@ def _run(study_path: Path, *, store: Path, address, max_parallel, report, progre
     import archsearch as A
     from archsearch.errors import StoreError, StoreFullError
     from archsearch.execute import run_study
+    from archsearch.execute.process import exit_code, interrupt_on_termination
 
     study = A.load_study(study_path, overrides=overrides)
     if resume:
@@ -122,10 +140,11 @@ def _run(study_path: Path, *, store: Path, address, max_parallel, report, progre
     for flag, value in (("--address", address), ("--max-parallel", max_parallel), ("--report", report)):
         again += [flag, str(value)] if value is not None else []
     try:
-        summary = run_study(study, store=store, address=address, max_parallel=max_parallel,
-                            show_progress=progress, retry_failed=retry_failed)
-    except KeyboardInterrupt:
-        _fail(f"interrupted; finished trials are saved, continue with: {shlex.join(again)}", 130)
+        with interrupt_on_termination():  # SIGTERM and SIGHUP end it as Ctrl-C does
+            summary = run_study(study, store=store, address=address, max_parallel=max_parallel,
+                                show_progress=progress, retry_failed=retry_failed)
+    except KeyboardInterrupt as stop:
+        _fail(f"interrupted; finished trials are saved, continue with: {shlex.join(again)}", exit_code(stop))
     except StoreFullError as err:
         # what reached the store before the disk filled is kept (the failed transaction rolled back)
         _fail(f"{err}: {shlex.join(again)}", 2)
@@ -342,13 +361,16 @@ def compare(baseline: Annotated[str, typer.Option(help="the arm every other is c
             seed_col: Annotated[str, typer.Option(help="the column that pairs trials across arms")] = "seed",
             level: LevelOpt = 0.95,
             seed: Annotated[int, typer.Option(help="seed of sampled permutations (exact up to 13 pairs)")] = 0,
+            pool: Annotated[bool, typer.Option("--pool", help="one test over every budget target (by default "
+                                                              "each arm meets the baseline at its own target)")]
+            = False,
             as_json: JsonOpt = False):
     """Each arm against a baseline over seeds: mean difference, interval, t and permutation p-values
-    (paired by seed where both arms share their seeds, Welch otherwise)."""
+    (paired by seed where both arms share their seeds, Welch otherwise), at each budget target apart."""
     from archsearch import analysis
 
     result = analysis.compare_arms(_analysis_table(store, study, from_csv), baseline=baseline, by=by, within=within,
-                                   metric=metric, seed_col=seed_col, level=level, seed=seed)
+                                   metric=metric, seed_col=seed_col, level=level, seed=seed, pool=pool)
     if as_json:
         typer.echo(strict_json(result.to_dict(), indent=2))
         return
@@ -426,14 +448,14 @@ def dashboard(store: StoreOpt = DEFAULT_STORE,
     """The live dashboard: figures that redraw as trials finish (Ctrl-C stops it)."""
     with reading(store):  # a store it cannot read: one line now, not an error on every redraw
         pass
-    try:
-        from archsearch_dashboards.app import serve
+    import importlib.util
 
-        if password:
-            import dash_auth  # noqa: F401
-    except ImportError as err:
-        _fail(f"the dashboard needs Dash and dash-auth ({err.name} is missing): pip install "
-              "'archsearch[dashboard]'", 2)
+    if importlib.util.find_spec("dash") is None:  # the app imports it only as it starts serving
+        _fail("the dashboard needs Dash: pip install 'archsearch[dashboard]'", 2)
+    if password and importlib.util.find_spec("dash_auth") is None:
+        _fail("a dashboard password needs dash-auth: pip install 'archsearch[dashboard]'", 2)
+    from archsearch_dashboards.app import serve
+
     if not _loopback(host):
         if password:
             typer.echo(f"note: the dashboard on {host} asks for the password, which HTTP sends unencrypted: serve "
@@ -441,7 +463,9 @@ def dashboard(store: StoreOpt = DEFAULT_STORE,
         else:
             typer.echo(f"warning: the dashboard on {host} shows {store} to every machine that can reach port {port}, "
                        "with no password; set ARCHSEARCH_DASHBOARD_PASSWORD (or --password) to ask for one", err=True)
+    # flushed: piped, the line would wait in a buffer while the server runs
     typer.echo(f"dashboard: http://{host}:{port}/ over {store} (Ctrl-C stops it)")
+    sys.stdout.flush()
     serve(store, host=host, port=port, password=password)
 
 
@@ -479,6 +503,7 @@ def schema(kind: Annotated[str, typer.Argument(help="study or space")] = "study"
 
 
 app.add_typer(analyze_app, name="analyze")
+app.add_typer(kernels_app, name="kernels")
 
 
 @app.command()

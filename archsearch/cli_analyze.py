@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from archsearch.cli_common import DEFAULT_STORE, JsonOpt, StoreOpt, user_errors
+from archsearch.cli_common import DEFAULT_STORE, JsonOpt, StoreOpt, full_trial_id, user_errors
 from archsearch.jsontext import strict_json
 
 analyze_app = typer.Typer(help="Analyses of trained trials, loaded from their checkpoints (docs/inspect.md).",
@@ -22,6 +22,7 @@ def _analysis(run, title: str, columns: list[str], as_json: bool, fold: str | No
     """Run one ``archsearch.inspect.runs`` analysis and show (or print as JSON) the rows it stored."""
     from archsearch.inspect.runs import Calibration
 
+    kwargs["trial_id"] = full_trial_id(kwargs["store"], kwargs["trial_id"])
     calib = Calibration(batches=kwargs.pop("batches"), batch_size=kwargs.pop("batch_size"), seed=kwargs.pop("seed"))
     rows = run(calib=calib, **kwargs)
     if as_json:

@@ -81,6 +81,22 @@ def reading(store: Path, study: str | None = None):
         yield db
 
 
+def full_trial_id(store: Path, trial: str) -> str:
+    """The trial a user named, by its whole id or a unique prefix of it (the tables show ids
+    by their first characters); one line and exit 2 when the store has none or several."""
+    from archsearch.errors import StoreError
+
+    with reading(store) as db:
+        found = db.sql("SELECT trial_id FROM trials WHERE starts_with(trial_id, ?) ORDER BY trial_id LIMIT 4",
+                       [trial]).column("trial_id").to_pylist()
+    if trial in found or len(found) == 1:
+        return trial if trial in found else found[0]
+    if not found:
+        raise StoreError(f"no trial {trial} in {store}; `archsearch status --store {store}` lists them")
+    more = ", ..." if len(found) > 3 else ""
+    raise StoreError(f"trial {trial} could be any of {', '.join(found[:3])}{more} in {store}; give more of its id")
+
+
 def user_errors(command):
     """Turn every error a user can cause into one line and a non-zero exit."""
 
@@ -101,8 +117,10 @@ def user_errors(command):
             # a full disk wherever a command writes (a report, an export, a temporary folder)
             _fail(f"cannot write {err.filename or 'a file'}: {err.strerror}; free space on that disk, then run "
                   "the command again", 2)
-        except KeyboardInterrupt:
-            _fail("interrupted", 130)
+        except KeyboardInterrupt as stop:
+            from archsearch.execute.process import exit_code
+
+            _fail("interrupted", exit_code(stop))
 
     return wrapper
 

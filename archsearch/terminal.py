@@ -29,13 +29,29 @@ from archsearch.jsontext import strict_json
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
+# a piped console's width: wider than any row, so each line is as long as it is (tables keep their
+# natural width; text is not wrapped)
+UNBOUNDED = 100_000
+# the shortest a trial id is shown in a table (its first characters, longer where two would read alike)
+SHORT_ID = 8
+
+
 def console(*, width: int | None = None) -> Console:
-    """A console on stdout, ``width`` columns wide. By default piped output
-    keeps whole rows (240 columns) unless ``COLUMNS`` says otherwise, and a
-    terminal uses its own width."""
+    """A console on stdout, ``width`` columns wide. By default a terminal uses its
+    own width, ``COLUMNS`` sets one, and piped output is as wide as its widest line."""
     if width is None and not (sys.stdout.isatty() or os.environ.get("COLUMNS")):
-        width = 240
+        width = UNBOUNDED
     return Console(width=width, markup=False, emoji=False, highlight=False)
+
+
+def short_ids(ids: list[str]) -> dict[str, str]:
+    """Each id by its first ``SHORT_ID`` characters, or by as many as make every one in ``ids``
+    unique (commands that take a trial accept any unique prefix of its id)."""
+    unique = list(dict.fromkeys(ids))
+    for length in range(SHORT_ID, max(map(len, unique), default=SHORT_ID) + 1):
+        if len({i[:length] for i in unique}) == len(unique):
+            return {i: i[:length] for i in unique}
+    return {i: i for i in unique}
 
 
 def plain(text: object) -> str:
@@ -45,8 +61,9 @@ def plain(text: object) -> str:
 
 def _table(title: str, columns: list[str], *, text: tuple = ("trial",)) -> Table:
     """A borderless table; the ``text`` columns left-aligned, numbers right."""
+    # at least as wide as its title, which would otherwise wrap over a narrow table
     table = Table(title=plain(title), header_style="bold", box=box.SIMPLE_HEAD,
-                  pad_edge=False, show_edge=False)
+                  pad_edge=False, show_edge=False, min_width=len(plain(title)))
     for name in columns:
         # fold rather than cut a value that does not fit
         table.add_column("\n".join(map(plain, name.split("\n"))), justify="left" if name in text else "right",
@@ -86,10 +103,42 @@ def _shared_line(shared: dict) -> str | None:
     return "same in every row: " + ", ".join(f"{k}={_axis(v)}" for k, v in shared.items()) if shared else None
 
 
-def plan_table(trials: list, *, layers: bool = False, wide: bool = False) -> None:
+def search_plan(preview, *, layers: bool = False, wide: bool = False) -> None:
+    """``plan`` of a search (``search.preview.SearchPlan``): the grid's table, or a table of the
+    trials of a sampler's drawn points, then what the search proposes and the FLOPs it implies."""
+    out = console()
+    if preview.sampler == "grid":
+        plan_table(preview.sample, layers=layers, wide=wide)
+        head = f"search: every one of the grid's {preview.space}"
+    else:
+        plan_table(preview.sample, layers=layers, wide=wide, title="trials of points drawn as the sampler draws them",
+                   totals=False)
+        head = (f"search: {preview.sampler} proposes {preview.proposals:,} points of a space of {preview.space}; "
+                f"each is planned at every budget target and seed ({preview.trials_per_proposal:g} trials a point)")
+    lines = [head]
+    if preview.infeasible:
+        lines.append(f"{preview.infeasible} of the points drawn reach no budget target (the sampler is told they "
+                     "failed and draws again)")
+    if preview.rungs is not None:
+        shares = ", ".join(_share(r) for r in preview.rungs)
+        lines.append(f"fidelity: {preview.fidelity}, trials stop at {shares} of their tokens; only the promoted go on")
+    estimate = "" if preview.sampler == "grid" else " (from the points drawn)"
+    lines.append(f"training FLOPs: at most {preview.most_flops:.3g} (every trial to its end), expected "
+                 f"{preview.expected_flops:.3g}{estimate}")
+    for text in lines:
+        out.print(plain(text))
+
+
+def _share(fraction: float) -> str:
+    return "1" if fraction == 1 else f"1/{round(1 / fraction)}"
+
+
+def plan_table(trials: list, *, layers: bool = False, wide: bool = False, title: str | None = None,
+               totals: bool = True) -> None:
     """One row per planned trial: the axes that differ, params, match error,
     FLOPs/token (and state when matched on it); ``wide`` adds every axis,
-    seed, target, achieved, d_model and MLP widths."""
+    seed, target, achieved, d_model and MLP widths. ``totals``: the study's
+    training FLOPs below (not for a sample of a search's trials)."""
     rows = [{**t.axes, "seed": t.seed} for t in trials]
     varying, shared = split_axes(rows)
     axes, axis_cells = _axis_cells(rows, _all_names(rows) if wide else varying, wide=wide)
@@ -100,13 +149,15 @@ def plan_table(trials: list, *, layers: bool = False, wide: bool = False) -> Non
     elif trials and trials[0].match == "state":
         measures.append("state")
     matched = f", matched on {trials[0].match}" if trials and not wide else ""
-    table = _table(f"{len(trials)} planned trials{matched}", ["trial", *axes, *measures], text=("trial", "axes"))
+    table = _table(f"{title or f'{len(trials)} planned trials'}{matched}", ["trial", *axes, *measures],
+                   text=("trial", "axes"))
+    shown = {t.trial_id: t.trial_id for t in trials} if wide else short_ids([t.trial_id for t in trials])
     for t, cells_of_axes in zip(trials, axis_cells):
         cells = {"match": t.match, "target": t.target, "achieved": t.achieved, "error": f"{t.match_error:+.2%}",
                  "params": t.params, "d_model": t.spec.d_model, "MLP widths": ",".join(map(str, t.spec.mlp_widths)),
                  "FLOPs/token": t.flops_per_token, "state": t.state,
                  "memory": readable_bytes(t.memory.total) if t.memory is not None else None}
-        table.add_row(t.trial_id, *cells_of_axes, *(_fmt(cells[m]) for m in measures))
+        table.add_row(shown[t.trial_id], *cells_of_axes, *(_fmt(cells[m]) for m in measures))
     out = console()
     _print(out, table, wide=wide, note=None if wide else _shared_line(shared))
     from archsearch.planner import twin_lines
@@ -114,7 +165,7 @@ def plan_table(trials: list, *, layers: bool = False, wide: bool = False) -> Non
     for line in twin_lines(trials):
         out.print(plain(line))
     trained = [t for t in trials if t.same_as is None]
-    if trials:
+    if trials and totals:
         over = f"the {len(trials)} trials" if len(trained) == len(trials) else \
             f"the {len(trained)} trainings of the {len(trials)} trials"
         train, evaluation = sum(t.train_flops for t in trained), sum(t.eval_flops for t in trained)
@@ -166,15 +217,16 @@ def front_table(front: list[dict], columns: list[str]) -> None:
     varying, shared = split_axes([_shown_axes(row) for row in shown])
     axes, axis_cells = _axis_cells([_shown_axes(row) for row in shown], varying, wide=False)
     table = _table(title, ["trial", *axes, *columns], text=("trial", "axes"))
+    shown = short_ids([members[0]["trial_id"] for members in trainings.values()])
     for members, cells_of_axes in zip(trainings.values(), axis_cells):
         row = members[0]
-        trial = row["trial_id"] + (f" (+{len(members) - 1})" if len(members) > 1 else "")
+        trial = shown[row["trial_id"]] + (f" (+{len(members) - 1})" if len(members) > 1 else "")
         table.add_row(plain(trial), *cells_of_axes, *(_fmt(row.get(c)) for c in columns))
     out = console()
     _print(out, table, wide=False, note=_shared_line(shared))
     for members in trainings.values():
         if len(members) > 1:
-            out.print(plain(f"{members[0]['trial_id']} (+{len(members) - 1}): one training gives the result of "
+            out.print(plain(f"{shown[members[0]['trial_id']]} (+{len(members) - 1}): one training gives the result of "
                             f"{len(members)} arms (twins: same spec, data, recipe and seed): "
                             + "; ".join(arm_labels(members))))
 
@@ -297,7 +349,10 @@ def status_tables(db, *, study: str | None, as_json: bool, wide: bool = False) -
     ladders = db.ladders(study).to_pylist()
     checks = db.checks(study)
     if as_json:
-        print(strict_json({"studies": studies, "trials": trials, "fidelity_ladders": ladders, "checks": checks},
+        # the store keeps a trial's axes, spec, recipe and data as JSON text: given as the objects they are
+        objects = [{**t, **{k: json.loads(t[k]) for k in ("axes", "spec", "recipe", "data")
+                            if isinstance(t.get(k), str)}} for t in trials]
+        print(strict_json({"studies": studies, "trials": objects, "fidelity_ladders": ladders, "checks": checks},
                           indent=2))
         return
     out = console()
@@ -313,14 +368,11 @@ def status_tables(db, *, study: str | None, as_json: bool, wide: bool = False) -
     measures = ["params", "status", "val_loss", "gap", "tokens/s"]
     if wide:
         measures += ["d_model", "steps", "tokens", "wall s", "attempts", "same as", "error"]
-    table = _trials_table(f"trials{f' of {study}' if study else ''}", trials, axes, axis_cells, measures)
-    natural = out.measure(table, options=out.options.update(max_width=100_000)).maximum
-    narrowed = not wide and natural > out.width  # the gap is the column that gives way
-    if narrowed:
-        table = _trials_table(table.title, trials, axes, axis_cells, [m for m in measures if m != "gap"])
-    _print(out, table, wide=wide, note=None if wide else _shared_line(shared))
-    if narrowed:
-        out.print("gap (the generalisation gap, val_loss - train_loss): with --wide or a wider terminal")
+    table = _trials_table(f"trials{f' of {study}' if study else ''}", trials, axes, axis_cells, measures,
+                          wide=wide)
+    # what gives way at a narrow terminal: the gap, the speed, then the size
+    _print(out, table, wide=wide, note=None if wide else _shared_line(shared),
+           give_way=["gap", "tokens/s", "params", "val_loss"])
     for line in _twin_status(trials):
         out.print(plain(line))
     if not wide:
@@ -348,14 +400,15 @@ def _twin_status(trials: list[dict]) -> list[str]:
 
 
 def _trials_table(title: str, trials: list[dict], axes: list[str], axis_cells: list[list[str]],
-                  measures: list[str]) -> Table:
+                  measures: list[str], *, wide: bool) -> Table:
     table = _table(title, ["trial", *axes, *measures], text=("trial", "axes", "status", "error"))
+    shown = {t["trial_id"]: t["trial_id"] for t in trials} if wide else short_ids([t["trial_id"] for t in trials])
     for t, cells_of_axes in zip(trials, axis_cells):
         cells = {"params": t["params"], "status": t["status"], "val_loss": t["val_loss"], "gap": t["gen_gap"],
                  "tokens/s": t["tokens_per_s"], "d_model": t["d_model"], "steps": t["steps"], "tokens": t["tokens"],
                  "wall s": t["wall_time_s"], "attempts": t["attempts"], "same as": t.get("same_as"),
                  "error": t["error"]}
-        table.add_row(t["trial_id"], *cells_of_axes, *(_fmt(cells[m]) for m in measures))
+        table.add_row(shown[t["trial_id"]], *cells_of_axes, *(_fmt(cells[m]) for m in measures))
     return table
 
 
@@ -421,14 +474,32 @@ def lines(texts: list[str]) -> None:
         out.print(plain(text))
 
 
-def _print(out: Console, table: Table, *, wide: bool, note: str | None = None) -> None:
-    """Print ``table`` and a ``note`` below it; a ``wide`` table at its natural
-    width, however wide the console (squeezed to the terminal, its many
-    columns would fold to letters)."""
+def _print(out: Console, table: Table, *, wide: bool, note: str | None = None,
+           give_way: list[str] | None = None) -> None:
+    """Print ``table`` and a ``note`` below it, no value ever split inside a word: a cell may
+    wrap between its words, never within one. Where even that does not fit the console, the
+    columns named in ``give_way`` (by header, in that order; by default from the right, the
+    first column kept) are left out until it fits, and a line says which (``--wide`` shows
+    them). A ``wide`` table prints at its natural width, however wide the console."""
+    for column in table.columns:
+        words = [word for cell in (column.header, *column.cells) for word in str(cell).split()]
+        column.min_width = max(column.min_width or 0, max(map(len, words), default=1))
+    natural = out.measure(table, options=out.options.update(max_width=UNBOUNDED))
+    dropped = []
     if wide:
-        natural = out.measure(table, options=out.options.update(max_width=100_000)).maximum
-        out = console(width=max(out.width, natural))
+        out = console(width=max(out.width, natural.maximum))
+    else:
+        order = give_way if give_way is not None else [str(c.header) for c in table.columns[:0:-1]]
+        for name in order:
+            if out.measure(table, options=out.options.update(max_width=UNBOUNDED)).minimum <= out.width:
+                break
+            column = next((c for c in table.columns if str(c.header) == name), None)
+            if column is not None and len(table.columns) > 1:
+                table.columns.remove(column)
+                dropped.append(name.replace("\n", " ").replace(". ", "."))
     out.print(table)
+    if dropped:
+        out.print(plain(f"left out to fit {out.width} columns: {', '.join(dropped)} (--wide shows every column)"))
     if note:
         out.print(plain(note))
 

@@ -7,12 +7,14 @@ and the short causal conv share `ELEMENTWISE` (about 20 s on a 2-core machine, o
 selective scan has its own (selective_scan/cpu.py).
 
 Compiling goes through torch.utils.cpp_extension.load_inline (g++ and ninja) into torch's
-extension cache (``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``), once per
-machine: the module name carries the CPU's vector capability and torch's version, so machines
-sharing a home folder, or torch upgrades, never load a build made for another. Before first use
-each op's part is checked against its PyTorch reference on small odd shapes. An op that fails
-its check, or every op of an extension that does not compile, is not used: `available(op)` is
-False, `build_error(op)` says why, one RuntimeWarning says so, and dispatch runs the PyTorch path.
+extension cache, under a name and folder that carry everything the build depends on
+(kernels/cpu_cache.py): each Python environment builds once, a second process that needs the same
+build meanwhile waits for the first, and every build says before it starts what it compiles and
+about how long it takes. `build_all` (``archsearch kernels build``) builds them ahead of use.
+Before first use each op's part is checked against its PyTorch reference on small odd shapes. An
+op that fails its check, or every op of an extension that does not compile, is not used:
+`available(op)` is False, `build_error(op)` says why, one RuntimeWarning says so, and dispatch
+runs the PyTorch path.
 
 Flags: -O3 with the CPU's vector ISA, -ffp-contract=fast (fused multiply-adds) and
 -fno-trapping-math, without which g++ will not if-convert the clamps of `exp_lane` below and
@@ -21,15 +23,17 @@ leaves every loop that calls it scalar (checked with -fopt-info-vec; SwiGLU's ke
 
 from __future__ import annotations
 
+import importlib
 import sys
 import threading
+import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from .cpu_cache import build_name, is_built
+from .cpu_cache import EXTENSIONS, HERE, build_lock, build_name, expected_seconds, is_built, record_seconds
 
 ARCH_FLAGS = {
     "AVX512": ["-mavx512f", "-mavx512dq", "-mavx512vl", "-mavx512bw", "-mavx2", "-mfma", "-mprefer-vector-width=512"],
@@ -90,6 +94,9 @@ def capability() -> str:
         return "DEFAULT"
 
 
+_ALL: list[Extension] = []  # every extension made, in order (build_all builds them)
+
+
 @dataclass(frozen=True)
 class _Part:
     source: str
@@ -107,6 +114,12 @@ class Extension:
         self._parts: dict[str, _Part] = {}
         self._lock = threading.Lock()
         self._state: dict[str, object] = {}  # "module", and per op "error:<op>"
+        _ALL.append(self)
+
+    @property
+    def ops(self) -> list[str]:
+        """The ops registered so far."""
+        return list(self._parts)
 
     def add(self, op: str, source: str, functions: list[str], self_check: Callable[[object], str | None], *,
             fallback: str = "the PyTorch path") -> None:
@@ -121,18 +134,24 @@ class Extension:
 
         isa = capability()
         flags = ["-O3", "-fopenmp", "-ffp-contract=fast", "-fno-trapping-math", *ARCH_FLAGS.get(isa, [])]
-        # torch's cache rebuilds when the source or flags change, not when torch does: the version
-        # in the name keeps a build from being loaded into another torch's ABI
-        name = build_name(self.name, isa, torch.__version__)
+        name = build_name(self.name, isa)
         sources = [PRELUDE, *(part.source for part in self._parts.values())]
         functions = [fn for part in self._parts.values() for fn in part.functions]
-        if not is_built(self.name, isa, torch.__version__):
-            print(f"archsearch: compiling the C++ CPU kernels of {', '.join(self._parts)} for this machine, "
-                  "once (under a minute)", file=sys.stderr, flush=True)
-        with warnings.catch_warnings():
+        with build_lock(name, say=_say) as folder, warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return load_inline(name=name, cpp_sources=sources, functions=functions, extra_cflags=flags,
-                               extra_ldflags=["-fopenmp"], verbose=False)
+            if is_built(self.name, isa):  # built before, or by the process this one waited for
+                return load_inline(name=name, cpp_sources=sources, functions=functions, extra_cflags=flags,
+                                   extra_ldflags=["-fopenmp"], build_directory=str(folder), verbose=False)
+            seconds, measured = expected_seconds(self.name)
+            _say(f"archsearch: compiling the C++ CPU kernels ({EXTENSIONS.get(self.name, self.name)}) for this "
+                 f"Python environment, once: about {seconds} s{' as the last build here took' if measured else ''}, "
+                 "longer on a busy machine")
+            began = time.monotonic()
+            module = load_inline(name=name, cpp_sources=sources, functions=functions, extra_cflags=flags,
+                                 extra_ldflags=["-fopenmp"], build_directory=str(folder), verbose=False)
+            record_seconds(self.name, time.monotonic() - began)
+            _say(f"archsearch: compiled {EXTENSIONS.get(self.name, self.name)} in {time.monotonic() - began:.0f} s")
+            return module
 
     def _load_locked(self) -> None:
         module, build_error = None, None
@@ -193,7 +212,24 @@ def compare(names: list[str], want: list[torch.Tensor], got: list[torch.Tensor],
     return None
 
 
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def build_all(*, only: list[str] | None = None) -> dict[str, str | None]:
+    """Build (or load) every C++ CPU extension, or those named in `only`, and check each op;
+    returns {op: None if it is used, else why not}. What ``archsearch kernels build`` runs."""
+    for path in sorted(HERE.glob("*/cpu.py")):  # each op's module registers its part on import
+        importlib.import_module(f"{__package__}.{path.parent.name}.cpu")
+    outcome = {}
+    for extension in _ALL:
+        if extension.name in (only if only is not None else EXTENSIONS):
+            outcome.update({op: extension.build_error(op) if not extension.available(op) else None
+                            for op in extension.ops})
+    return outcome
+
+
 # the elementwise kernels (RMSNorm, SwiGLU, rotary heads, causal conv): one compile for all
 ELEMENTWISE = Extension("elementwise")
 
-__all__ = ["ELEMENTWISE", "Extension", "PRELUDE", "capability", "compare"]
+__all__ = ["ELEMENTWISE", "Extension", "PRELUDE", "build_all", "capability", "compare"]

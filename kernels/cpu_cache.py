@@ -1,44 +1,147 @@
-"""Where the C++ CPU kernels' builds live, and whether one is there: told without importing torch.
+"""Where the C++ CPU kernels' builds live, what names them, and the lock that builds each once.
 
-`cpu_build.Extension` compiles into torch's extension cache, under a name that carries the
-extension, the CPU's vector capability and torch's version; a run's driver, which imports no
-torch on a CPU, asks `is_built` here to tell the user that the first trials will compile.
+Told without importing torch, so that a run's driver (which needs no torch on a CPU) can ask
+`is_built` and build ahead what is missing.
+
+A build is named by everything that makes it differ (`build_inputs`): the kernels' C++ sources
+and flags (the files that hold them), torch's version and the folder its headers come from,
+Python's version and headers, and the compiler. Two virtual environments on one machine (each
+with its own torch) therefore each build once into folders of their own, instead of rebuilding
+over each other's, and a torch upgrade or a source change builds anew under a new name.
+
+Builds live under torch's extension cache (``TORCH_EXTENSIONS_DIR``, default
+``~/.cache/torch_extensions``), in ``archsearch/NAME/``. `build_lock` serialises the processes
+building one name with an advisory lock (``NAME.lock`` beside the folder) that the system
+releases when its holder exits, however it exits: a second process waits for the first and then
+loads its build; a lock file that torch's own builder left behind when a build was killed is
+removed by the next build, with a line that says so.
 """
 
 from __future__ import annotations
 
+import fcntl
 import glob
+import hashlib
 import importlib.metadata
+import importlib.util
+import json
 import os
-import re
+import sys
+import sysconfig
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+# every C++ extension, by what its ops are (for the lines that announce a build)
+EXTENSIONS = {"elementwise": "RMSNorm, SwiGLU, rotary heads, causal conv", "selective_scan": "Mamba's scan"}
+# each extension's expected build time where none was measured here yet (2 idle cores, seconds)
+FIRST_GUESS_S = {"elementwise": 40, "selective_scan": 40}
+TIMES_FILE = "build_times.json"  # in the cache's archsearch folder: how long each extension's last build took
 
 
-def build_name(extension: str, isa: str, torch_version: str) -> str:
-    """The module name an extension compiles under for this ISA and torch version."""
-    return f"archsearch_{extension}_{isa.lower()}_torch{re.sub(r'[^0-9A-Za-z]', '_', torch_version)}"
+def build_inputs() -> dict[str, str]:
+    """What a build depends on beside the CPU's vector ISA (in its name apart): the kernel
+    sources and flags (a digest of cpu_build.py and every op's cpu.py), torch's version and
+    package folder (its headers and libraries), Python's version and header folder, the compiler."""
+    digest = hashlib.sha256()
+    for path in sorted([HERE / "cpu_build.py", *HERE.glob("*/cpu.py")]):
+        digest.update(path.relative_to(HERE).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    try:
+        torch_version = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        torch_version = "none"
+    spec = importlib.util.find_spec("torch")  # finds the package without importing it
+    torch_dir = os.path.realpath(next(iter(spec.submodule_search_locations or []), "")) if spec else ""
+    return {"sources": digest.hexdigest(), "torch": torch_version, "torch_dir": torch_dir,
+            "python": sys.version.split()[0], "python_include": sysconfig.get_paths()["include"],
+            "compiler": os.environ.get("CXX", "c++")}
 
 
-def extensions_root() -> str:
+def build_digest(inputs: dict[str, str] | None = None) -> str:
+    """A short digest of `build_inputs` (this environment's when None)."""
+    text = json.dumps(build_inputs() if inputs is None else inputs, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def build_name(extension: str, isa: str, digest: str | None = None) -> str:
+    """The module name `extension` compiles under for the vector `isa` in this environment."""
+    return f"archsearch_{extension}_{isa.lower()}_{digest or build_digest()}"
+
+
+def extensions_root() -> Path:
     """torch's extension cache: ``TORCH_EXTENSIONS_DIR``, else the user cache's torch_extensions."""
     root = os.environ.get("TORCH_EXTENSIONS_DIR")
-    if root:
-        return os.path.realpath(root)
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.realpath(os.path.join(cache, "torch_extensions"))
+    if not root:
+        cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        root = os.path.join(cache, "torch_extensions")
+    return Path(os.path.realpath(root))
 
 
-def is_built(extension: str, isa: str = "*", torch_version: str | None = None) -> bool:
-    """Whether a build of `extension` (for `isa`, any by default; this torch by default) is in the
-    cache: torch keeps it at {root}/py311_cpu/{name}/{name}.so by default, right under a
-    TORCH_EXTENSIONS_DIR, and a rebuild after a source change as {name}_v1.so and on."""
-    if torch_version is None:
+def build_dir(name: str) -> Path:
+    """The folder a build named `name` compiles into."""
+    return extensions_root() / "archsearch" / name
+
+
+def is_built(extension: str, isa: str = "*") -> bool:
+    """Whether this environment's build of `extension` (for `isa`, any by default) is in the cache."""
+    name = build_name(extension, isa)
+    return any(glob.glob(str(build_dir(name) / f"{name}*.so")))
+
+
+def expected_seconds(extension: str) -> tuple[int, bool]:
+    """How long a build of `extension` should take here: the last build's time on this machine
+    (True), else a first guess for 2 idle cores (False)."""
+    try:
+        times = json.loads((extensions_root() / "archsearch" / TIMES_FILE).read_text())
+        return max(1, round(float(times[extension]))), True
+    except (OSError, ValueError, KeyError, TypeError):
+        return FIRST_GUESS_S.get(extension, 60), False
+
+
+def record_seconds(extension: str, seconds: float) -> None:
+    """Keep how long `extension`'s build took, for the next announcement (best effort)."""
+    path = extensions_root() / "archsearch" / TIMES_FILE
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        times = json.loads(path.read_text()) if path.exists() else {}
+        times = {**(times if isinstance(times, dict) else {}), extension: round(seconds, 1)}
+        part = path.with_name(f"{path.name}.{os.getpid()}")
+        part.write_text(json.dumps(times, sort_keys=True))
+        os.replace(part, path)
+    except (OSError, ValueError):
+        pass
+
+
+@contextmanager
+def build_lock(name: str, *, say: Callable[[str], None]) -> Iterator[Path]:
+    """Hold the lock of build `name` (waiting, with a line, while another process holds it);
+    yields its build folder, rid of a lock file a killed build left there."""
+    folder = build_dir(name)
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder.parent / f"{name}.lock", "a+") as lock:
         try:
-            torch_version = importlib.metadata.version("torch")
-        except importlib.metadata.PackageNotFoundError:
-            return False
-    name = build_name(extension, isa, torch_version)
-    root = extensions_root()
-    return any(glob.glob(os.path.join(root, *middle, name, f"{name}*.so")) for middle in ((), ("*",)))
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip() or "another process"
+            say(f"archsearch: waiting for {holder} that is building {name}")
+            began = time.monotonic()
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            say(f"archsearch: that build ended after {time.monotonic() - began:.0f} s; loading it")
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"process {os.getpid()}")
+        lock.flush()
+        # torch's builder marks a build in progress with this file and waits while it exists; we
+        # hold the lock, so no build of this name runs: one that is there was left by a killed build
+        stale = folder / "lock"
+        if stale.exists():
+            stale.unlink(missing_ok=True)
+            say(f"archsearch: removed the lock file of an earlier build of {name} that was killed part-way")
+        yield folder
 
 
-__all__ = ["build_name", "extensions_root", "is_built"]
+__all__ = ["EXTENSIONS", "build_digest", "build_dir", "build_inputs", "build_lock", "build_name", "expected_seconds",
+           "extensions_root", "is_built", "record_seconds"]

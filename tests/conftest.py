@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import textwrap
 from pathlib import Path
 
@@ -64,6 +65,26 @@ def _kernel_settings_restored():
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _cpu_kernels_built(request):
+    """The C++ CPU kernels, built (or loaded from this environment's cache) once, before the
+    first test, as a step of its own that says so: no test pays for a build it did not ask for,
+    and the Ray workers and CLI subprocesses of later tests find the builds ready. Where the
+    kernels do not run (a CUDA torch, ARCHSEARCH_KERNELS=reference), nothing is built."""
+    from archsearch.execute import preflight
+
+    missing = preflight.cpu_builds_missing(None, address=None)
+    if not missing:
+        return
+    from archsearch_kernels.cpu_build import build_all
+
+    capture = request.config.pluginmanager.getplugin("capturemanager")
+    with capture.global_and_fixture_disabled():
+        print(f"\nbuilding the C++ CPU kernels for this environment before the tests ({', '.join(missing)}):",
+              file=sys.stderr, flush=True)
+        build_all(only=missing)
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -248,25 +248,43 @@ def _store_rows(store: Path) -> tuple[list[str], list[str], list[tuple]]:
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_ctrl_c_exits_130_with_the_exact_resume_command(tmp_path):
+@pytest.mark.parametrize(("signame", "whole_group", "code"), [
+    ("SIGINT", True, 130),    # Ctrl-C: the terminal signals the whole foreground group
+    ("SIGTERM", False, 143),  # timeout, systemd, Slurm, Kubernetes: the process alone
+    ("SIGHUP", False, 129),   # the terminal or ssh session closed
+])
+def test_a_signal_mid_trial_exits_with_the_exact_resume_command(signame, whole_group, code, tmp_path):
+    """Ctrl-C, SIGTERM and SIGHUP mid-trial end a run alike: the trials it stopped are
+    `interrupted` in the store, the last line is the command that finishes the study, the exit
+    status is 128 + the signal, and no native stack dump (Ray's failure handler answers SIGTERM
+    with one) reaches the terminal. After SIGTERM the resumed store equals an uninterrupted run's."""
     study = write_study(tmp_path, steps=400, eval_every=20, max_parallel=1)
     store = tmp_path / "runs" / "s.duckdb"
     (first, *_) = A.plan(A.load_study(study))
     proc = _start("run", study, "--store", store, "--max-parallel", 1, cwd=tmp_path)
     try:
         _wait_for_checkpoint(store, first.trial_id, proc)
-        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C sends: the whole foreground group
+        number = getattr(signal, signame)
+        os.killpg(proc.pid, number) if whole_group else proc.send_signal(number)
         _, err = proc.communicate(timeout=120)
     finally:
         _end_session(proc)
-    assert proc.returncode == 130, err
+    assert proc.returncode == code, err
     expected = f"archsearch resume {shlex.quote(str(study))} --store {shlex.quote(str(store))} --max-parallel 1"
     assert err.strip().splitlines()[-1].endswith(f"continue with: {expected}"), err
+    assert "SIGTERM received" not in err and "PC: @" not in err and "***" not in err, err
+    with A.open_store(store, read_only=True) as db:
+        statuses = {r["trial_id"]: r["status"] for r in db.sql("SELECT trial_id, status FROM trials").to_pylist()}
+    assert statuses[first.trial_id] == "interrupted"
     # the printed command is the one that finishes the study
     resume = subprocess.run([sys.executable, "-m", "archsearch.cli", *shlex.split(expected)[1:]], cwd=tmp_path,
                             capture_output=True, text=True, timeout=300)
     assert resume.returncode == 0, resume.stderr
     assert _store_rows(store)[0] == sorted(t.trial_id for t in A.plan(A.load_study(study)))
+    if signame == "SIGTERM":
+        clean = tmp_path / "clean.duckdb"
+        assert invoke("run", study, "--store", clean, "--report", tmp_path / "clean.html").exit_code == 0
+        assert _store_rows(store)[2] == _store_rows(clean)[2]
 
 
 @pytest.mark.ray

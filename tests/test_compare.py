@@ -250,3 +250,43 @@ def test_arms_alike_but_for_their_match_kind_are_two_arms():
     assert d.arm == "transformer (matched on flops)" and d.difference == pytest.approx(-0.1) and d.paired
     with pytest.raises(ValueError, match="every trial has the same axes"):
         analysis.compare_arms([dict(r, match="params") for r in rows], baseline="transformer")
+
+
+def _two_sizes(rng) -> list[dict]:
+    """Two families at two budget targets, 4 seeds each; the small size's loss is 0.5 higher."""
+    rows = []
+    for target, level in ((1e6, 3.5), (4e6, 3.0)):
+        for row in arms(rng, shift=-0.1, seeds=range(4)):
+            rows.append({**row, "target": target, "val_loss": row["val_loss"] + level - 3.0})
+    return rows
+
+
+def test_sizes_are_compared_apart_by_default_and_pooled_only_when_asked():
+    """Arms of several budget targets meet the baseline at their own target (the default
+    pooled both sizes into one Welch test, where the sizes' 0.5 gap swamps the 0.1 difference)."""
+    rows = _two_sizes(np.random.default_rng(3))
+    result = analysis.compare_arms(rows, baseline="transformer", by="family")
+    assert [(d.group, d.paired) for d in result.differences] == [("1e+06", True), ("4e+06", True)]
+    assert all(d.difference == pytest.approx(-0.1, abs=0.03) and d.p_value < 0.01 for d in result.differences)
+    assert any("2 budget targets: each arm is compared with the baseline at its own target" in n for n in result.notes)
+    pooled = analysis.compare_arms(rows, baseline="transformer", by="family", pool=True)
+    (d,) = pooled.differences
+    assert d.group is None and not d.paired and d.n == 8
+    assert any("pooled 2 budget targets" in n for n in pooled.notes)
+
+
+def test_a_baseline_named_key_value_matches_an_arm_named_by_its_value_alone():
+    """Arms named by one key show its values alone (transformer); `family=transformer` picks the
+    same arm instead of an error that listed 'transformer' among the arms it said did not match."""
+    rows = _two_sizes(np.random.default_rng(4))
+    named = analysis.compare_arms(rows, baseline="family=transformer", by="family")
+    assert [d.baseline for d in named.differences] == ["transformer", "transformer"]
+    with pytest.raises(ValueError, match=r"no arm of 1e\+06 matches baseline 'family=mamba'; the arms of 1e\+06 "
+                                         r"are: memory; transformer$"):
+        analysis.compare_arms(rows, baseline="family=mamba", by="family")
+
+
+def test_too_few_seeds_at_one_target_says_how_to_pool():
+    rows = [{**r, "seed": 0} for r in _two_sizes(np.random.default_rng(5)) if r["seed"] == 0]
+    with pytest.raises(ValueError, match="at target 1e\\+06, or give --pool to test over every size at once"):
+        analysis.compare_arms(rows, baseline="transformer", by="family")

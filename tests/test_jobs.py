@@ -47,7 +47,8 @@ def node_ports() -> list[str]:
 
 @pytest.fixture(scope="module")
 def cluster():
-    """A head with the job server and a second node, 1 CPU each; yields (job server URL, env with the token)."""
+    """A head with the job server and a second node, 1 CPU each; yields (job server URL, env with the
+    token, the GCS address on loopback)."""
     folder = tempfile.mkdtemp(prefix="asjb-", dir="/tmp")  # short: Ray's socket paths are capped
     token = uuid.uuid4().hex
     env = dict(os.environ, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token, RAY_TMPDIR=folder,
@@ -65,7 +66,7 @@ def cluster():
         second = subprocess.run([*RAY, "start", f"--address={address}", *node_ports(), *common], env=env,
                                 capture_output=True, text=True, timeout=120, start_new_session=True)
         assert second.returncode == 0, second.stderr[-2000:]
-        yield f"http://127.0.0.1:{dashboard}", env
+        yield f"http://127.0.0.1:{dashboard}", env, f"127.0.0.1:{gcs}"
     finally:
         stop_cluster(folder)
 
@@ -100,7 +101,7 @@ def test_a_study_submitted_as_a_job_runs_on_the_cluster_and_is_followed_to_its_e
     says SUCCEEDED with the log's tail. The token came from $RAY_AUTH_TOKEN
     alone (planted mutation: not switching RAY_AUTH_MODE to token when a
     token is at hand fails with "Missing authentication token")."""
-    url, env = cluster
+    url, env, _ = cluster
     store = tmp_path / "cluster.duckdb"
     done = subprocess.run([*CLI, "submit", str(job_study), "--address", url, "--store", str(store), "--wait",
                            "--set", "recipe.steps=1"], cwd=tmp_path, env=client_env(env), capture_output=True,
@@ -128,7 +129,7 @@ def test_a_failed_job_ends_wait_non_zero_and_a_bad_token_is_one_line(cluster, jo
     """A job whose run fails (its store cannot be written on the cluster):
     `--wait` exits 1 naming the job. A wrong token: one line saying where
     the token goes, exit 2 (the user's to fix), no traceback."""
-    url, env = cluster
+    url, env, _ = cluster
     failed = subprocess.run([*CLI, "submit", str(job_study), "--address", url, "--store", "/proc/no/s.duckdb",
                              "--wait"], env=client_env(env), capture_output=True, text=True, timeout=240)
     assert failed.returncode == 1, failed.stderr[-3000:]
@@ -140,6 +141,28 @@ def test_a_failed_job_ends_wait_non_zero_and_a_bad_token_is_one_line(cluster, jo
     assert wrong.returncode == 2
     assert wrong.stderr.startswith(f"error: the job server at {url} refused the request"), wrong.stderr
     assert "ray get-auth-token" in wrong.stderr and wrong.stderr.count("\n") == 1
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_joining_a_token_cluster_without_the_token_is_one_line_and_ray_keeps_its_lines_to_the_log(
+        cluster, job_study, tmp_path):
+    """`run --address` to a cluster with token authentication, no token at hand: Ray's core
+    retries and prints a line a second (gcs_client.cc) to stderr; the user sees one line that
+    says how to give the token and where Ray's own lines went, exit 2."""
+    _, env, address = cluster
+    store = tmp_path / "s.duckdb"
+    home = tmp_path / "home"
+    home.mkdir()
+    done = subprocess.run([*CLI, "run", str(job_study), "--store", str(store), "--address", address],
+                          env=client_env(env, RAY_AUTH_TOKEN=None, HOME=str(home)), capture_output=True, text=True,
+                          timeout=180)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.startswith(f"error: cannot join the Ray cluster at '{address}': "), done.stderr
+    assert "set RAY_AUTH_MODE=token here" in done.stderr and "ray get-auth-token" in done.stderr
+    assert done.stderr.rstrip().endswith(f"Ray's own messages are in {store}.ray.log")
+    assert done.stderr.count("\n") == 1 and "gcs_client" not in done.stderr, done.stderr
+    assert "gcs_client" in Path(f"{store}.ray.log").read_text()
 
 
 # without a cluster

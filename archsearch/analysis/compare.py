@@ -29,6 +29,12 @@ stack)``): an iso-param and an iso-FLOP baseline share their axes but are two
 models. ``within`` (e.g.
 ``family``) compares each arm with the baseline of its own group: taper
 schedules against each family's uniform MLPs.
+
+Sizes are never pooled by surprise: when the trials have several budget
+targets, each arm is compared with the baseline at its own target (as
+``within="target"`` does, said in the notes), unless ``within`` says otherwise
+or ``pool=True`` asks for one test over every size (with a note that the
+sizes' own spread is then part of the test).
 """
 
 from __future__ import annotations
@@ -108,7 +114,7 @@ class Comparison:
 
 def compare_arms(data: Any, *, baseline: str, by: str | list[str] | None = None,
                  within: str | list[str] | None = None, metric: str = "val_loss", seed_col: str = "seed",
-                 level: float = 0.95, seed: int = 0) -> Comparison:
+                 level: float = 0.95, seed: int = 0, pool: bool = False) -> Comparison:
     """Compare every arm of ``data`` (a trials table, DataFrame, rows or columns)
     with the ``baseline`` arm on ``metric``.
 
@@ -117,9 +123,10 @@ def compare_arms(data: Any, *, baseline: str, by: str | list[str] | None = None,
     split the rows into groups (e.g. ``family``), each arm compared with the
     baseline of its own group. ``baseline`` selects one arm (per group) by its
     label, or by values (``transformer``) or ``name=value`` pairs separated by
-    commas that only it has. ``seed``: of the sampled permutations. Rows whose
-    metric is missing or not finite are left out. Raises a one-line ValueError
-    for an unknown column, an ambiguous baseline or an arm with one trial.
+    commas that only it has. ``seed``: of the sampled permutations. ``pool``:
+    one test over every budget target (by default, each target apart). Rows
+    whose metric is missing or not finite are left out. Raises a one-line
+    ValueError for an unknown column, an ambiguous baseline or an arm with one trial.
     """
     if not 0.5 <= level < 1:
         raise ValueError(f"level {level}: give an interval level in [0.5, 1), e.g. 0.95")
@@ -127,6 +134,14 @@ def compare_arms(data: Any, *, baseline: str, by: str | list[str] | None = None,
     values = numeric_column(table, metric, what="metric column")
     seeds = numeric_column(table, seed_col, what="seed column")
     groups_by = _names(within) if within is not None else []
+    sizes = len(set(table.column("target").to_pylist())) if "target" in table.column_names else 1
+    notes = []
+    if sizes > 1 and within is None and not pool and "target" not in _names(by or []):
+        groups_by = ["target"]
+        notes.append(f"the trials have {sizes} budget targets: each arm is compared with the baseline at its own "
+                     "target (as --within target; --pool tests over every size at once)")
+    elif sizes > 1 and pool and "target" not in groups_by + _names(by or []):
+        notes.append(f"pooled {sizes} budget targets into each arm: the sizes' own spread is part of each test")
     keys = [k for k in _arm_keys(table, by) if k not in groups_by]
     if not keys and (by is not None or groups_by or not _kinds_differ(table)):
         raise ValueError(f"within {', '.join(groups_by)} leaves nothing that tells arms apart; give by (--by)")
@@ -134,7 +149,8 @@ def compare_arms(data: Any, *, baseline: str, by: str | list[str] | None = None,
               else [""] * table.num_rows)
     labels = _labels(table, keys, groups, told_apart=by is None)
     kept = np.isfinite(values) & np.isfinite(seeds)
-    notes = [f"left out {int((~kept).sum())} rows without a finite {metric}"] if (~kept).any() else []
+    if (~kept).any():
+        notes.append(f"left out {int((~kept).sum())} rows without a finite {metric}")
     arms: dict[str, dict[str, tuple[list[float], list[float]]]] = {}
     for group, label, value, s, ok in zip(groups, labels, values, seeds, kept):
         if ok:
@@ -142,15 +158,28 @@ def compare_arms(data: Any, *, baseline: str, by: str | list[str] | None = None,
             arm[0].append(float(value))
             arm[1].append(float(s))
     out, bases = [], []
-    for group in sorted(arms):
-        base = _pick_baseline(baseline, list(arms[group]), group=group)
+    for group in sorted(arms, key=_group_order):
+        base = _pick_baseline(baseline, list(arms[group]), group=group, keys=keys)
         bases.append(base)
-        out += [_difference(label, base, arms[group][label], arms[group][base], metric=metric, level=level,
-                            seed=seed, group=group or None) for label in sorted(arms[group]) if label != base]
+        try:
+            out += [_difference(label, base, arms[group][label], arms[group][base], metric=metric, level=level,
+                                seed=seed, group=group or None) for label in sorted(arms[group]) if label != base]
+        except ValueError as err:
+            if within is not None or pool or groups_by != ["target"]:
+                raise
+            raise ValueError(f"{err} at target {group}, or give --pool to test over every size at once") from None
     if not out:
         raise ValueError(f"only the baseline arm '{bases[0]}' has results for {metric}; nothing to compare")
     return Comparison(metric=metric, baseline=bases[0] if len(set(bases)) == 1 else baseline, by=keys,
                       differences=_with_holm(out), notes=notes, within=groups_by)
+
+
+def _group_order(label: str) -> tuple:
+    """Groups in order, a budget target's by its number (2e+05 before 1e+06)."""
+    try:
+        return (0, float(label), "")
+    except ValueError:
+        return (1, 0.0, label)
 
 
 def _names(text: str | list[str]) -> list[str]:
@@ -261,8 +290,9 @@ def _text(value: Any) -> str:
     return str(value)
 
 
-def _pick_baseline(text: str, labels: list[str], *, group: str = "") -> str:
-    """The one label equal to ``text``, or the one holding every comma-separated term of it."""
+def _pick_baseline(text: str, labels: list[str], *, group: str = "", keys: list[str] = ()) -> str:
+    """The one label equal to ``text``, or the one holding every comma-separated term of it
+    (a label of one key's bare values also holds ``key=value``)."""
     if text in labels:
         return text
     terms = [t.strip() for t in text.split(",") if t.strip()]
@@ -272,17 +302,20 @@ def _pick_baseline(text: str, labels: list[str], *, group: str = "") -> str:
         # a protocol's baseline by its protocol: iso-FLOP (as shown) or iso_flop (as the study file says)
         words = set(parts) | {p.partition("=")[2] for p in parts} | {p.strip("(),:") for p in parts}
         words |= {kind for kind, name in PROTOCOLS.items() if f"({name}" in label}
+        if len(keys) == 1:
+            words |= {f"{keys[0]}={p}" for p in parts}
         return all(term in words for term in terms)
 
     found = [label for label in labels if holds(label)]
     if len(found) == 1:
         return found[0]
-    have = "; ".join(sorted(labels)[:12]) + (f"; ... ({len(labels)} arms)" if len(labels) > 12 else "")
     among = f" of {group}" if group else ""
     if not found:
+        have = "; ".join(sorted(labels)[:12]) + (f"; and {len(labels) - 12} more" if len(labels) > 12 else "")
         raise ValueError(f"no arm{among} matches baseline '{text}'; the arms{among} are: {have}")
-    raise ValueError(f"baseline '{text}' matches {len(found)} arms{among} ({'; '.join(found[:4])}); add "
-                     "name=value terms separated by commas until one is left")
+    shown = "; ".join(found[:6]) + (f"; and {len(found) - 6} more" if len(found) > 6 else "")
+    raise ValueError(f"baseline '{text}' matches {len(found)} arms{among} ({shown}); add name=value terms "
+                     "separated by commas until one is left")
 
 
 def _difference(label: str, base: str, arm: tuple[list[float], list[float]], ref: tuple[list[float], list[float]],
@@ -292,7 +325,7 @@ def _difference(label: str, base: str, arm: tuple[list[float], list[float]], ref
     if len(x) < 2 or len(y) < 2:
         few = label if len(x) < 2 else base
         raise ValueError(f"arm '{few}' has {min(len(x), len(y))} result for {metric}; a test over seeds needs at "
-                         "least 2 per arm (run more seeds)")
+                         "least 2 per arm: run more seeds")
     common = dict(arm=label, baseline=base, metric=metric, n=len(x), n_baseline=len(y), mean=float(x.mean()),
                   mean_baseline=float(y.mean()), level=level, group=group)
     paired = len(set(x_seeds)) == len(x_seeds) and sorted(x_seeds) == sorted(y_seeds)

@@ -3,10 +3,13 @@ how many trials fit on it at once.
 
 The embedded instance is private to its run: its session files live in a
 temporary folder of its own (so ``--address auto`` from another shell never
-finds it) and every server listens on 127.0.0.1 only. The run removes that
-folder when it ends; a driver killed outright cannot, so each folder names
-its driver (``OWNER``) and the next embedded start removes those whose driver
-is gone.
+finds it), every server listens on 127.0.0.1 only, on a port the system
+chose free as it started (so it runs beside a ``ray start --head`` on Ray's
+default ports, or beside another run), and its workers run at the driver's
+priority (Ray's own default renices them to 15, which on a busy machine
+leaves a trial a few percent of a core). The run removes that folder when it
+ends; a driver killed outright cannot, so each folder names its driver
+(``OWNER``) and the next embedded start removes those whose driver is gone.
 """
 
 from __future__ import annotations
@@ -22,14 +25,18 @@ from contextlib import contextmanager
 from typing import Any
 
 from archsearch.errors import ClusterError
+from archsearch.execute.process import signals_kept
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 PREFIX = "asray-"
 OWNER = "owner.json"  # in each embedded Ray's folder: the driver that made it (host, pid, when it started)
 
 
-def start_ray(address: str | None) -> str | None:
-    """Start a private embedded Ray (returns its folder) or join ``address`` (returns None)."""
+def start_ray(address: str | None, *, log: str | None = None) -> str | None:
+    """Start a private embedded Ray (returns its folder) or join ``address`` (returns None).
+
+    ``log``: where Ray's native output goes while the run lasts (`process.native_output_to`),
+    named in the errors of a cluster that cannot be joined."""
     import ray
 
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
@@ -38,16 +45,20 @@ def start_ray(address: str | None) -> str | None:
         if address == "auto":
             address = _recorded_cluster()
         _check_reachable(address)
+        _check_speaks_grpc(address)
         _warn_if_open(address)
         try:
-            ray.init(address=address, **quiet)
+            with signals_kept():
+                ray.init(address=address, **quiet)
         except ConnectionError as err:
-            hint = ("start one with `ray start --head`, or leave out --address to run locally"
-                    if _token_mode() else
-                    "if it uses token authentication (what `ray start --head` turns on since Ray 2.59), "
-                    "set RAY_AUTH_MODE=token; Ray reads the token from ~/.ray/auth_token or $RAY_AUTH_TOKEN")
+            hint = ("check the token (`ray get-auth-token` on the head node prints the cluster's) and that the "
+                    "cluster runs; or leave out --address to run locally" if _token_mode() else
+                    "if it uses token authentication (what `ray start --head` turns on since Ray 2.59), set "
+                    "RAY_AUTH_MODE=token here, with its token (`ray get-auth-token` on the head node prints it) in "
+                    "~/.ray/auth_token or $RAY_AUTH_TOKEN")
+            where = f"; Ray's own messages are in {log}" if log else ""
             raise ClusterError(f"cannot join the Ray cluster at '{address}': {str(err).splitlines()[0]}; "
-                                  f"{hint}") from None
+                                  f"{hint}{where}") from None
         return None
     # Session files in a folder of our own: `ray.init("auto")` looks for a
     # cluster under /tmp/ray and so never joins this one. Short prefix: Ray
@@ -57,8 +68,9 @@ def start_ray(address: str | None) -> str | None:
     folder = tempfile.mkdtemp(prefix=PREFIX, dir=parent)
     try:
         claim(folder)
-        with _loopback_only(), _only_what_a_local_run_needs():
-            ray.init(address="local", _temp_dir=folder, **quiet)
+        with _loopback_only(), _only_what_a_local_run_needs(), signals_kept():
+            # workers at the raylet's niceness, which is the driver's, not Ray's default 15
+            ray.init(address="local", _temp_dir=folder, _system_config={"worker_niceness": 0}, **quiet)
     except BaseException:  # Ctrl-C while it starts, too: nothing of it outlives the run
         ray.shutdown()
         shutil.rmtree(folder, ignore_errors=True)
@@ -155,6 +167,13 @@ def _loopback_only() -> Iterator[None]:
             os.environ[variable] = saved_env
 
 
+# Ray's servers whose port a local node fixes unless told otherwise (the dashboard agent's 52365,
+# taken by whichever Ray starts first); 0 asks each to bind a port the system picks free
+_PORTS = ("gcs_server_port", "node_manager_port", "object_manager_port", "metrics_agent_port",
+          "metrics_export_port", "dashboard_agent_listen_port", "runtime_env_agent_port",
+          "min_worker_port", "max_worker_port")
+
+
 @contextmanager
 def _only_what_a_local_run_needs() -> Iterator[None]:
     """A private single-node Ray without the processes such a run never uses:
@@ -162,8 +181,10 @@ def _only_what_a_local_run_needs() -> Iterator[None]:
     (workers' logs are not sent to the driver), each also held for a second
     on shutdown; and the minimal dashboard (no web UI is served), which Ray
     otherwise chooses by importing aiohttp and co in the driver. Measured in
-    benchmarks/bench_fixed.py; Ray offers none of these in ``ray.init``, so
-    its own switches are set while it starts."""
+    benchmarks/bench_fixed.py. Every port of it is one the system picks free
+    (`_PORTS`; min and max worker port 0: each worker binds a free one).
+    Ray offers none of these in ``ray.init``, so its own switches are set
+    while it starts."""
     from ray._private import parameter, utils
 
     saved_params, saved_check = parameter.RayParams.__init__, utils.get_dashboard_dependency_error
@@ -171,6 +192,8 @@ def _only_what_a_local_run_needs() -> Iterator[None]:
     def params(self, *args, **kwargs) -> None:
         saved_params(self, *args, **kwargs)
         self.no_monitor, self.include_log_monitor = True, False
+        for name in _PORTS:
+            setattr(self, name, 0)
 
     parameter.RayParams.__init__ = params
     utils.get_dashboard_dependency_error = lambda: ImportError("a local run serves no dashboard")
@@ -211,14 +234,42 @@ def trials_at_once(per_trial: dict[str, float], resources: dict[str, float], *, 
 def _check_reachable(address: str, timeout: float = 5.0) -> None:
     """Fail in one line when nothing listens at a cluster address: Ray itself
     retries for minutes before giving up."""
-    import socket
-
     host, port = _host_port(address)
     try:
         socket.create_connection((host, int(port)), timeout=timeout).close()
     except OSError as err:
         raise ClusterError(f"cannot reach a Ray cluster at {address} ({err}); start one with "
                               "`ray start --head` there, or leave out --address to run locally") from None
+
+
+# HTTP/2's client preface and an empty SETTINGS frame: a gRPC server (Ray's GCS, its client
+# server) answers with a SETTINGS frame of its own, frame type 4 in the header's fourth byte
+_H2_HELLO = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+
+
+def _check_speaks_grpc(address: str, timeout: float = 5.0) -> None:
+    """Fail in one line when what listens at a cluster address is not Ray (an HTTP server, a
+    job server's dashboard port): ``ray.init`` would wait on it forever. Ray's GCS speaks gRPC,
+    which answers HTTP/2's greeting within milliseconds. Not checked with Ray's TLS on."""
+    if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
+        return
+    host, port = _host_port(address)
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout) as conn:
+            conn.sendall(_H2_HELLO)
+            answer = conn.recv(64)
+    except OSError as err:
+        answer, why = b"", f"it did not answer Ray's handshake ({err})"
+    else:
+        first = answer[:40].decode("ascii", "replace").split("\n")[0].strip()
+        why = "it closed the connection" if not answer else f"it answered '{first}', not as Ray's gRPC server does"
+    if len(answer) >= 9 and answer[3] == 4:
+        return
+    web = answer.startswith((b"HTTP/", b"<"))
+    hint = (" (a web server; if it is a Ray dashboard, --address wants its cluster's GCS address, HOST:6379 "
+            "by default, and `archsearch submit` the http:// one)" if web else "")
+    raise ClusterError(f"{address} is not a Ray cluster: {why}{hint}; give the address `ray start --head` "
+                          "printed, or leave out --address to run locally")
 
 
 def _host_port(address: str) -> tuple[str, str]:

@@ -24,12 +24,15 @@ import os
 import shutil
 import time
 from collections import deque
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from archsearch.execute.cluster import per_trial, start_ray, trials_at_once
-from archsearch.execute.preflight import cpu_build_note, kernel_settings, preflight_checks, preflight_kernels
+from archsearch.execute.process import native_output_to
+from archsearch.execute.preflight import (build_cpu_kernels, cpu_builds_missing, kernel_settings, preflight_checks,
+                                          preflight_kernels)
 from archsearch.execute.progress import TrialProgress
 from archsearch.execute.task import _trial_task
 from archsearch.planner import PlannedTrial, plan, training_key, twin_lines
@@ -95,12 +98,19 @@ def run_study(study: Study, *, store: str | Path = "archsearch.duckdb", address:
         if not searcher.exhausted:
             preflight_checks(study, db, trials if grid else None)  # raises, before anything trains, on a leak
             preflight_kernels(study.name, db, [t.spec for t in trials] if grid else None)
-            build_note = cpu_build_note([t.spec for t in trials] if grid else None, address=address)
+            missing = cpu_builds_missing([t.spec for t in trials] if grid else None, address=address)
+            if missing:
+                build_cpu_kernels(missing)
             with TrialProgress(total=searcher.expected, enabled=show_progress, heartbeat_s=heartbeat_s) as progress:
-                for line in [*(twin_lines(trials) if grid else ()), *([build_note] if build_note else [])]:
+                for line in twin_lines(trials) if grid else ():
                     progress.note(line)
-                counts = _run_on_ray(searcher, db, study, store=store, address=address,
-                                     max_parallel=max_parallel, progress=progress)
+                try:
+                    counts = _run_on_ray(searcher, db, study, store=store, address=address,
+                                         max_parallel=max_parallel, progress=progress)
+                except KeyboardInterrupt:  # Ctrl-C, SIGTERM, SIGHUP: the trials it stopped say so
+                    with suppress(Exception):
+                        db.mark_interrupted()
+                    raise
         _store_search_records(searcher, db, study.name)
         if not grid:
             planned = len(db.trials(study.name))
@@ -114,28 +124,42 @@ def _run_on_ray(searcher: Searcher, db: Store, study: Study, *, store: str | Pat
                 max_parallel: int | None, progress: TrialProgress) -> dict[str, int]:
     import ray
 
-    execution = study.execution
     owns_ray = not ray.is_initialized()
-    private_dir = start_ray(address) if owns_ray else None
-    try:
-        needs, workers = per_trial(execution), execution.workers_per_trial
-        # A trial's workers wait for each other: never start more trials than all their workers fit.
-        scaled, resources = {name: need * workers for name, need in needs.items()}, ray.cluster_resources()
-        width = trials_at_once(scaled, resources, max_parallel=max_parallel or execution.max_parallel)
-        if workers > 1:
-            width = min(width, trials_at_once(scaled, resources, max_parallel="auto"))
-        options = dict(num_cpus=needs["CPU"], num_gpus=needs["GPU"], max_retries=0)
-        if needs["memory"]:
-            options["memory"] = needs["memory"]
-        task = ray.remote(num_returns="streaming", **options)(_trial_task)
-        return _Drain(searcher, db, task, study=study.name, store=store, storage=_storage(study),
-                      threads=execution.threads_per_trial, retries=execution.retries, progress=progress,
-                      workers=dict(count=workers, options=options), kernels=kernel_settings()).run(width)
-    finally:
-        if owns_ray:
-            ray.shutdown()
-            if private_dir is not None:
-                shutil.rmtree(private_dir, ignore_errors=True)
+    with native_output_to(ray_log(store)) as log:
+        private_dir = start_ray(address, log=str(log)) if owns_ray else None
+        try:
+            return _drain(searcher, db, study, store=store, max_parallel=max_parallel, progress=progress)
+        finally:
+            if owns_ray:
+                ray.shutdown()
+                if private_dir is not None:
+                    shutil.rmtree(private_dir, ignore_errors=True)
+
+
+def ray_log(store: str | Path) -> Path:
+    """Where a run on ``store`` keeps Ray's native output (its C++ log lines): beside the store."""
+    return Path(f"{store}.ray.log")
+
+
+def _drain(searcher: Searcher, db: Store, study: Study, *, store: str | Path, max_parallel: int | None,
+           progress: TrialProgress) -> dict[str, int]:
+    import ray
+
+    execution = study.execution
+    needs, workers = per_trial(execution), execution.workers_per_trial
+    # A trial's workers wait for each other: never start more trials than all their workers fit.
+    scaled, resources = {name: need * workers for name, need in needs.items()}, ray.cluster_resources()
+    width = trials_at_once(scaled, resources, max_parallel=max_parallel or execution.max_parallel)
+    if workers > 1:
+        width = min(width, trials_at_once(scaled, resources, max_parallel="auto"))
+    options = dict(num_cpus=needs["CPU"], num_gpus=needs["GPU"], max_retries=0)
+    if needs["memory"]:
+        options["memory"] = needs["memory"]
+    task = ray.remote(num_returns="streaming", **options)(_trial_task)
+    return _Drain(searcher, db, task, study=study.name, store=store, storage=_storage(study),
+                  threads=execution.threads_per_trial, retries=execution.retries, progress=progress,
+                  workers=dict(count=workers, options=options), kernels=kernel_settings(),
+                  nice=execution.nice).run(width)
 
 
 class _Drain:
@@ -150,9 +174,10 @@ class _Drain:
 
     def __init__(self, searcher: Searcher, db: Store, task: Any, *, study: str, store: str | Path,
                  storage: str | None, threads: int, retries: int, progress: TrialProgress, workers: dict,
-                 kernels: dict[str, str | None]):
+                 kernels: dict[str, str | None], nice: int | None = None):
         self.searcher, self.db, self.task, self.study, self.workers = searcher, db, task, study, workers
         self.kernels = kernels  # the driver's kernel settings, for every trial's task
+        self.nice = nice  # execution.nice: each trial's niceness, else its worker's (the driver's when embedded)
         self.store, self.storage, self.threads, self.retries, self.progress = store, storage, threads, retries, progress
         self.counts = {"completed": 0, "failed": 0, "diverged": 0, "shared": 0}
         self.running: dict[Any, tuple[Job, int, float]] = {}  # generator -> job, attempt, started
@@ -299,6 +324,7 @@ class _Drain:
         trial = job.trial
         payload = dict(spec=trial.spec.to_dict(), recipe=trial.recipe, data=trial.data, seed=trial.seed,
                        threads=self.threads, stop_at=job.stop_at, workers=self.workers, kernels=self.kernels,
+                       nice=self.nice,
                        checkpoint_dir=str(checkpoint_dir(self.store, trial.trial_id, storage=self.storage)))
         self.running[self.task.remote(payload)] = (job, attempt, time.perf_counter())
 

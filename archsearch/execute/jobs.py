@@ -149,7 +149,17 @@ def _client(address: str) -> Any:
         print(f"warning: sending a job to {address} without authentication: anyone who can reach that port can "
               "run code on the cluster; start it with token authentication", file=sys.stderr)
     url = f"{parts.scheme}://{parts.netloc}"
-    return _asking(address, lambda: JobSubmissionClient(url))
+
+    def connect() -> Any:
+        try:
+            return JobSubmissionClient(url)
+        except (RuntimeError, ValueError) as err:  # it answered the version check, but not as Ray does
+            answer = str(err).strip().split(". ")[0] or type(err).__name__
+            raise ClusterError(f"{address} is not a Ray job server (asked for its Ray version: {answer}); give "
+                               "the cluster's dashboard address, http://HEAD:8265, that `ray start --head "
+                               "--include-dashboard=true` prints") from None
+
+    return _asking(address, connect)
 
 
 def _use_token_if_available() -> None:

@@ -59,6 +59,10 @@ def data_parallel_ranks(payload: dict) -> Iterator[Any]:
 
 def _other_rank(payload: dict, *, rank: int, meeting: str) -> None:
     """Ranks 1..N-1: the same training, reading the trial's checkpoint, writing nothing."""
+    from archsearch.execute.task import renice
+
+    if payload.get("nice") is not None:  # first, as rank 0 does, so every thread inherits it
+        renice(payload["nice"])
     from archsearch.arch.spec import ArchSpec
     from archsearch.execute.preflight import use_kernel_settings
     from archsearch.train import checkpoint, train_trial

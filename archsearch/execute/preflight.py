@@ -46,31 +46,35 @@ def preflight_kernels(study_name: str, db, specs: Iterable[ArchSpec] | None, *, 
     return failures
 
 
-# the C++ CPU extensions a model needs (kernels/cpu_build.py): every model's RMSNorm is in
-# "elementwise"; the selective scan has its own
-_EXTENSIONS = {"elementwise": "RMSNorm, SwiGLU, rotary heads, causal conv", "selective_scan": "Mamba's scan"}
-
-
-def cpu_build_note(specs: Iterable[ArchSpec] | None, *, address: str | None) -> str | None:
-    """The line a local CPU run prints when its first trials will compile archsearch's C++ CPU
-    kernels, once per machine: they build inside the trials' workers, whose output a run does
-    not show, so without it the first trials just take longer. None when every build needed
-    is already in torch's extension cache (told without importing torch), on a cluster, or
-    where the kernels would not run (a CUDA torch, ARCHSEARCH_KERNELS=reference or triton)."""
+def cpu_builds_missing(specs: Iterable[ArchSpec] | None, *, address: str | None) -> list[str]:
+    """The C++ CPU extensions (kernels/cpu_build.py) a local CPU run's trials need that this
+    Python environment has not built yet, told without importing torch: "elementwise" (every
+    model's RMSNorm) and, for Mamba's scan, "selective_scan" (every one when `specs` is None, as
+    for a sampled search). None on a cluster (its nodes build their own) or where the kernels
+    would not run (a CUDA torch, ARCHSEARCH_KERNELS=reference or triton)."""
     from archsearch_kernels.cpu_cache import is_built
 
     setting = os.environ.get(MODE_VAR, "auto").strip().lower() or "auto"
     if address is not None or setting in ("reference", "triton") or not _no_cuda_here():
-        return None
+        return []
     needed = ["elementwise"]
-    if specs is not None and "selective_scan" in kernels_used(specs):
+    if specs is None or "selective_scan" in kernels_used(specs):
         needed.append("selective_scan")
-    missing = [name for name in needed if not is_built(name)]
-    if not missing:
-        return None
-    what = "; ".join(_EXTENSIONS[name] for name in missing)
-    return (f"note: the first trials compile archsearch's C++ CPU kernels ({what}) for this machine, "
-            "once: they start about half a minute late")
+    return [name for name in needed if not is_built(name)]
+
+
+def build_cpu_kernels(extensions: list[str]) -> None:
+    """Build `extensions` before any trial starts, in a process of its own (torch is imported
+    there, not in the driver), whose lines (what compiles, about how long, when it is done) go to
+    stderr as they come. Otherwise each trial's worker would build them, silently, its clock
+    running. A build that fails is said; the trials then use the PyTorch path."""
+    import subprocess
+
+    command = [sys.executable, "-m", "archsearch.cli", "kernels", "build", "--only", ",".join(extensions)]
+    done = subprocess.run(command, stdin=subprocess.DEVNULL, check=False)
+    if done.returncode != 0:
+        print("warning: the C++ CPU kernels did not build (see above); the trials use the PyTorch path",
+              file=sys.stderr, flush=True)
 
 
 def preflight_checks(study, db, trials: list | None = None) -> None:

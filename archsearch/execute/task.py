@@ -6,6 +6,7 @@ store, planner or search.
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 
@@ -18,6 +19,8 @@ def _trial_task(payload: dict):
     a checkpoint, ("eval", row) as the trial evaluates, then ("result",
     TrialResult dict). Training runs on a thread so its evaluations can
     leave while it goes on."""
+    if payload.get("nice") is not None:  # first, so every thread the trial starts inherits it
+        renice(payload["nice"])
     import queue
     import threading
 
@@ -59,3 +62,19 @@ def _trial_task(payload: dict):
     if "error" in outcome:
         raise outcome["error"]
     yield ("result", outcome["result"])
+
+
+def renice(nice: int) -> None:
+    """Every thread of this process at niceness ``nice`` (Linux keeps one per thread, and threads
+    started later inherit their starter's). Raising a priority above the worker's needs privileges:
+    refused, it fails the trial with that said."""
+    tasks = [int(tid) for tid in os.listdir("/proc/self/task")] if os.path.isdir("/proc/self/task") else [0]
+    for tid in tasks:
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, nice)
+        except ProcessLookupError:  # a thread that ended meanwhile
+            continue
+        except PermissionError:
+            raise PermissionError(f"execution.nice {nice}: this user may not run a trial at a higher priority than "
+                                  f"its Ray worker's (nice {os.getpriority(os.PRIO_PROCESS, 0)}); "
+                                  "raise execution.nice or leave it out") from None

@@ -144,7 +144,7 @@ class SampledSearch:
             return False
         for _ in range(MAX_REJECTIONS):
             trial = self._optuna.ask()
-            point = resolve_point(self.study.space, self._suggest(trial), self._compiled)
+            point = resolve_point(self.study.space, suggest_point(trial, self._axes, self._compiled), self._compiled)
             if point is None:
                 trial.set_user_attr("rejected", "a constraint rejects this point")
                 self._optuna.tell(trial, state=TrialState.FAIL)
@@ -164,31 +164,6 @@ class SampledSearch:
         raise _study_error(self.study, ("constraints",),
                            f"the sampler proposed {MAX_REJECTIONS} points in a row that the constraints reject",
                            "loosen the constraints or narrow the axes they cut")
-
-    def _suggest(self, trial: Any) -> dict[str, Any]:
-        """Draw one value per axis this point has, family first."""
-        raw = {"family": self._draw(trial, "family", self._axes["family"])}
-        relevant = FAMILY_AXES[raw["family"]]
-        env = {expression_name(name): None for name in self._axes}
-        env.update(family=raw["family"])
-        for name, axis in self._axes.items():
-            if name == "family" or name not in relevant:
-                continue
-            when = self._compiled["when"].get(name)
-            if when is not None and not _holds(when, env):
-                continue
-            raw[name] = self._draw(trial, name, axis)
-            env[expression_name(name)] = raw[name]
-        return raw
-
-    def _draw(self, trial: Any, name: str, axis: Axis) -> Any:
-        if axis.values is not None:
-            if len(axis.values) == 1:
-                return axis.values[0]
-            return trial.suggest_categorical(name, list(axis.values))
-        if is_int_axis(name):
-            return trial.suggest_int(name, math.ceil(axis.low), math.floor(axis.high), log=axis.log)
-        return trial.suggest_float(name, axis.low, axis.high, log=axis.log)
 
     def _check_ranges(self) -> None:
         space = self.study.space
@@ -258,6 +233,34 @@ class SampledSearch:
                 self._optuna.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
                 continue
             self._open_proposal(trial.number, point, plan_points(self.study, [point]))
+
+
+def suggest_point(trial: Any, axes: dict[str, Axis], compiled: dict) -> dict[str, Any]:
+    """One point drawn through an Optuna ``trial``: a value per axis the point has, family first
+    (``axes`` and ``compiled`` as ``axes_of`` and ``compile_expressions`` give them)."""
+    raw = {"family": _draw(trial, "family", axes["family"])}
+    relevant = FAMILY_AXES[raw["family"]]
+    env = {expression_name(name): None for name in axes}
+    env.update(family=raw["family"])
+    for name, axis in axes.items():
+        if name == "family" or name not in relevant:
+            continue
+        when = compiled["when"].get(name)
+        if when is not None and not _holds(when, env):
+            continue
+        raw[name] = _draw(trial, name, axis)
+        env[expression_name(name)] = raw[name]
+    return raw
+
+
+def _draw(trial: Any, name: str, axis: Axis) -> Any:
+    if axis.values is not None:
+        if len(axis.values) == 1:
+            return axis.values[0]
+        return trial.suggest_categorical(name, list(axis.values))
+    if is_int_axis(name):
+        return trial.suggest_int(name, math.ceil(axis.low), math.floor(axis.high), log=axis.log)
+    return trial.suggest_float(name, axis.low, axis.high, log=axis.log)
 
 
 def _holds(expr: Any, env: dict) -> bool:

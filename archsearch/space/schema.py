@@ -310,6 +310,9 @@ class Execution(Strict):
     cpus: float | None = Field(default=None, gt=0, le=1024,
                                description="CPUs Ray reserves for each trial; default threads_per_trial")
     gpus: float = Field(default=0, ge=0, le=64, description="GPUs per trial; a fraction packs small trials")
+    nice: int | None = Field(default=None, ge=-20, le=19,
+                             description="niceness of each trial's processes; default: the driver's on embedded "
+                                         "Ray, the cluster's workers' on a cluster (lower needs privileges)")
     memory: Annotated[int | None, BeforeValidator(_memory_bytes), Field(ge=1)] = Field(
         default=None, description="memory Ray reserves per trial: 4GiB, 512MB or bytes; plan refuses a trial "
                                   "whose estimated peak exceeds it (default: this machine's memory)")
