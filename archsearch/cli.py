@@ -366,7 +366,8 @@ def compare(baseline: Annotated[str, typer.Option(help="the arm every other is c
             = False,
             as_json: JsonOpt = False):
     """Each arm against a baseline over seeds: mean difference, interval, t and permutation p-values
-    (paired by seed where both arms share their seeds, Welch otherwise), at each budget target apart."""
+    (paired by seed where both arms share their seeds, Welch otherwise), at each budget target apart.
+    The permutation p-value is two-sided as scipy computes it: twice the smaller one-sided p-value."""
     from archsearch import analysis
 
     result = analysis.compare_arms(_analysis_table(store, study, from_csv), baseline=baseline, by=by, within=within,

@@ -244,9 +244,12 @@ def _shown_axes(row: dict) -> dict:
     from archsearch.analysis.arms import PROTOCOLS, axis_text
 
     axes = row.get("axes") or {}
+    if isinstance(axes, str):
+        axes = json.loads(axes)
     if "arm" in axes and row.get("match") in PROTOCOLS:
-        return {**axes, "arm": axis_text(row, "arm")}
-    return axes
+        axes = {**axes, "arm": axis_text(row, "arm")}
+    # the seed too, so rows that differ only by it read apart (said once below when it is the same)
+    return {**axes, "seed": row["seed"]} if row.get("seed") is not None else axes
 
 
 def fit_tables(result: dict) -> None:
@@ -275,6 +278,9 @@ def fit_tables(result: dict) -> None:
     for m in result.get("multipliers", []):
         out.print(plain(f"compute multiplier at C={m['compute']:.3g}: {_estimate(m['multiplier'])} "
                         f"({m['meaning']})"))
+    for fit in result["fits"]:
+        if fit.get("cautions"):
+            out.print(plain(f"caution: {fit['group']} {fit['law']}: {'; '.join(fit['cautions'])}"))
     for s in result["skipped"]:
         # the fit's own message may already name its law and group: say them once
         reason = s["reason"].removeprefix(f"{s['law']} for {s['group']}: ")
@@ -362,7 +368,7 @@ def status_tables(db, *, study: str | None, as_json: bool, wide: bool = False) -
         table.add_row(_fmt(s["name"]), _fmt(s["trials"]), _fmt(s["completed"]), _fmt(s["failed"]),
                       _fmt(str(s["updated_at"])[:19]))
     out.print(table)
-    rows = [json.loads(t["axes"]) for t in trials]
+    rows = [_shown_axes(t) for t in trials]
     varying, shared = split_axes(rows)
     axes, axis_cells = _axis_cells(rows, _all_names(rows) if wide else varying, wide=wide)
     measures = ["params", "status", "val_loss", "gap", "tokens/s"]

@@ -23,7 +23,7 @@ from pathlib import Path
 import plotly.graph_objects as go
 from archsearch_dashboards.arms import axis_text, group_labels, varying_axes
 from archsearch_dashboards.figures import TEMPLATE, plan_figure
-from archsearch_dashboards.report import completed_rows, curve_metrics, curve_trials, views
+from archsearch_dashboards.report import completed_rows, curve_metrics, curve_trials, search_figures, views
 
 import archsearch as A
 
@@ -32,7 +32,8 @@ MAX_TRIAL_OPTIONS = 1_000
 # the longest text and the most values a filter takes from a client: far past any store's names
 MAX_INPUT_CHARS = 1_000
 MAX_INPUT_VALUES = 10_000
-VIEWS = ("scaling", "comparison", "pareto", "parallel", "curves", "plan")
+VIEWS = ("scaling", "comparison", "pareto", "parallel", "curves", "plan", "history", "importance")
+SEARCH_VIEWS = ("history", "importance")  # a sampled search's; a grid's study has neither
 
 
 def load(store: str | Path, study: str | None) -> tuple[list[dict], list[str]]:
@@ -45,6 +46,18 @@ def load_curves(store: str | Path, rows: list[dict]) -> list[dict]:
     """Thinned metric rows of the trials whose curves are drawn (see ``report.curve_trials``)."""
     with A.open_store(store, read_only=True) as db:
         return curve_metrics(db, curve_trials(rows))
+
+
+def load_search(store: str | Path, study: str | None, studies: list[str]) -> dict[str, go.Figure]:
+    """The search views of ``study`` (the store's one study when None), each an empty figure
+    that says why where there is nothing to draw."""
+    name = study or (studies[0] if len(studies) == 1 else None)
+    if name is None:
+        return {view: empty_figure("choose a study to see its search") for view in SEARCH_VIEWS}
+    with A.open_store(store, read_only=True) as db:
+        found = search_figures(db, name)
+    why = "no search history: this study did not sample (or too few proposals for importance)"
+    return {view: found.get(view) or empty_figure(why) for view in SEARCH_VIEWS}
 
 
 def axis_names(rows: list[dict]) -> list[str]:
@@ -112,7 +125,7 @@ def refresh(store: str | Path, *, study: str | None = None, families: list[str] 
         what = "no completed trials yet" if not everything else "no trials match the filters"
         out.update(summary=what, figures={name: empty_figure(what) for name in VIEWS})
         return out
-    figures = views(rows, load_curves(store, rows))
+    figures = {**views(rows, load_curves(store, rows)), **load_search(store, study, studies)}
     chosen = next((r for r in rows if r["trial_id"] == trial), None)
     if chosen is not None:
         figures["plan"] = plan_figure(chosen)

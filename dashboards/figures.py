@@ -13,6 +13,8 @@ back into the characters on screen.
 
 from __future__ import annotations
 
+import html
+
 import heapq
 import math
 from collections import defaultdict
@@ -86,9 +88,14 @@ def scaling_figure(rows: list[dict], *, x: str = "params", y: str = "val_loss", 
             legendgroup=text(label), marker=dict(color=colours[label], size=9),
             text=[_hover(r, label) for r in members], hovertemplate="%{text}<extra></extra>"))
         if label in fits:
-            _add_fit(fig, fits[label], name=text(label), colour=colours[label])
-    fig.update_xaxes(type="log", title=_title(x))
-    fig.update_yaxes(type="log", title=_title(y), range=_log_range(fig))
+            # bands lighter as arms add up: eight at 0.18 each merge into one grey block
+            _add_fit(fig, fits[label], name=text(label), colour=colours[label],
+                     opacity=0.18 if len(groups) <= 4 else max(0.05, 0.72 / len(groups)))
+    y_range = _log_range(fig)
+    xs = [v for trace in fig.data if trace.fill is None for v in trace.x if v is not None and v > 0]
+    fig.update_xaxes(type="log", title=_title(x), **(_log_ticks(min(xs), max(xs)) if xs else {}))
+    fig.update_yaxes(type="log", title=_title(y), range=y_range,
+                     **(_log_ticks(10 ** y_range[0], 10 ** y_range[1]) if y_range else {}))
     sampled = max(len(m) for m in groups.values()) > MAX_FIT_POINTS
     fitted = f", fitted on {MAX_FIT_POINTS} trials of each larger arm" if sampled else ""
     note = _unfitted_note(unfitted, len(groups))
@@ -141,19 +148,41 @@ def _count(number: int, noun: str) -> str:
     return f"{number} {noun}{'' if number == 1 else 's'}"
 
 
-def _add_fit(fig: go.Figure, fit, *, name: str, colour: str) -> None:
+def _log_ticks(low: float, high: float) -> dict:
+    """Tick values and labels for a log axis over [low, high]: 1, 2 and 5 of each decade (every
+    digit where that leaves fewer than three), each labelled as a whole number (200k, not a bare
+    2 beside 100k). Within less than a decade Plotly's own ticks read well: nothing is set."""
+    decades = range(math.floor(math.log10(low)), math.ceil(math.log10(high)) + 1)
+    for digits in ((1, 2, 5), tuple(range(1, 10))):
+        values = [d * 10.0 ** k for k in decades for d in digits if low <= d * 10.0 ** k <= high]
+        if len(values) >= 3:
+            return dict(tickmode="array", tickvals=values, ticktext=[_si(v) for v in values])
+    return {}
+
+
+def _si(value: float) -> str:
+    """200000 -> 200k, 1.5e9 -> 1.5G, 2.5 -> 2.5."""
+    for power, suffix in ((12, "T"), (9, "G"), (6, "M"), (3, "k")):
+        if abs(value) >= 10 ** power:
+            return f"{value / 10 ** power:.3g}{suffix}"
+    return f"{value:.3g}"
+
+
+def _add_fit(fig: go.Figure, fit, *, name: str, colour: str, opacity: float = 0.18) -> None:
     """A fitted law's line and confidence band, in ``colour``, grouped with arm ``name`` in the legend."""
     grid, (value, low, high) = _band(fit)
     alpha = fit.estimates["alpha"]
     if low is not None:  # no band without a bootstrap
         fig.add_trace(go.Scatter(x=[*grid, *grid[::-1]], y=[*high, *low[::-1]], fill="toself", mode="lines",
-                                 line=dict(width=0), fillcolor=colour, opacity=0.18, legendgroup=name,
+                                 line=dict(width=0), fillcolor=colour, opacity=opacity, legendgroup=name,
                                  showlegend=False, hoverinfo="skip", name=f"{name} band"))
+    # a fit not to be trusted says why where it is read (analysis.trust); hover text is not markup
+    caution = "".join(f"<br>caution: {html.escape(reason)}" for reason in fit.cautions)
     fig.add_trace(go.Scatter(
         x=grid, y=value, mode="lines", line=dict(color=colour, dash="dot"),
         legendgroup=name, showlegend=False, name=f"{name} fit",
-        hovertemplate=f"{name}<br>E + A/N^α: α={alpha.value:.3f}, E={fit.estimates['E'].value:.3f}"
-                      "<br>N=%{x:,.0f}: %{y:.4f}<extra></extra>"))
+        hovertemplate=f"{name}<br>E + A/N^α: α={alpha.value:.3f}, E={fit.estimates['E'].value:.3g}"
+                      f"{caution}<br>N=%{{x:,.0f}}: %{{y:.4f}}<extra></extra>"))
 
 
 # The app redraws every few seconds, so each arm's fit is kept for as long as
@@ -232,7 +261,8 @@ def pareto_figure(rows: list[dict], *, objectives: list[tuple[str, str]]) -> go.
     fig.add_trace(go.Scatter(
         x=[r[x] for r in on_front], y=[r[y] for r in on_front], mode="lines", name="Pareto front",
         line=dict(shape="hv", color="black", width=1.5), hoverinfo="skip"))
-    fig.update_xaxes(type="log", title=_title(x))
+    xs = [v for trace in fig.data for v in (trace.x or ()) if v is not None and v > 0]
+    fig.update_xaxes(type="log", title=_title(x), **(_log_ticks(min(xs), max(xs)) if xs else {}))
     fig.update_yaxes(title=_title(y))
     notes = "; ".join(front.notes)
     subtitle = f"<br><sup>{text(notes)}</sup>" if notes else ""
@@ -287,23 +317,30 @@ def curves_figure(rows: list[dict], metrics: list[dict]) -> go.Figure:
     for m in metrics:
         if m["trial_id"] in by_id and m.get("val_loss") is not None:
             by_trial[m["trial_id"]].append(m)
+    # an arm's sizes told apart: its smallest model's curve thin, its largest thick
+    sizes: dict[str, list[int]] = defaultdict(list)
+    for trial_id in by_trial:
+        sizes[label_of[trial_id]].append(by_id[trial_id]["params"])
+    rank = {label: sorted(set(found)) for label, found in sizes.items()}
     fig = go.Figure()
     shown: set[str] = set()
     for trial_id in sorted(by_trial, key=lambda t: (label_of[t], by_id[t]["params"])):
         row, label = by_id[trial_id], label_of[trial_id]
         points = thin(sorted(by_trial[trial_id], key=lambda m: m["step"]))
+        order = rank[label]
+        width = 1.0 + 3.0 * order.index(row["params"]) / max(1, len(order) - 1)
         fig.add_trace(go.Scatter(
             x=[m["tokens"] for m in points], y=[m["val_loss"] for m in points], mode="lines",
             name=text(label), legendgroup=text(label), showlegend=label not in shown,
-            line=dict(color=colours[label]),
+            line=dict(color=colours[label], width=width),
             hovertemplate=f"{text(trial_id)}<br>{text(label)}, {row['params']:,} params<br>"
                           "tokens %{x:,}<br>val_loss %{y:.4f}<extra></extra>"))
         shown.add(label)
     fig.update_xaxes(title="tokens seen")
     fig.update_yaxes(title="validation loss")
     drawn = f" ({len(by_trial)} of {len(rows)} trials: the best of each arm first)" if len(by_trial) < len(rows) else ""
-    fig.update_layout(title=f"Learning curves: validation loss during training{drawn}", template=TEMPLATE,
-                      legend_title="arm")
+    fig.update_layout(title=f"Learning curves: validation loss during training{drawn} (thicker: a larger model "
+                            "of the arm)", template=TEMPLATE, legend_title="arm")
     return fig
 
 
@@ -312,43 +349,47 @@ MAX_UPRIGHT_ARMS, MAX_UPRIGHT_CHARS = 8, 160
 
 
 def comparison_figure(rows: list[dict], *, y: str = "val_loss") -> go.Figure:
-    """Every arm side by side, best first: one bar per arm and budget target.
+    """Every arm side by side, best first: one bar per arm and budget target, the mean over its
+    seeds with the 95% t interval of that mean as an error bar (none with one seed).
 
-    The y axis spans the values (not from zero), since arms often differ by a
-    few percent; hover gives each bar's difference from the best arm at its target.
+    The value axis spans the values (not from zero), since arms often differ by a few percent;
+    hover gives each bar's seeds, interval and difference from the best arm's mean at its target.
     """
     labels = list(arm_bests(rows, y))
     targets = sorted({r["target"] for r in rows})
-    # Budgets on a ladder get a bar each; a sampled study (a budget per trial) gets each arm's best.
+    # Budgets on a ladder get a bar each; a sampled study (a budget per trial) gets one bar an arm.
     ladder = len(targets) <= MAX_TARGETS
-    by_target: dict[float | None, dict[str, dict]] = {None: arm_bests(rows, y)}  # target -> arm -> its best
-    if ladder:
-        by_target = defaultdict(dict)
-        for row, label in zip(rows, group_labels(rows, varying_axes(rows))):
-            at = by_target[row["target"]]
-            if label not in at or row[y] < at[label][y]:
-                at[label] = row
+    values: dict[float | None, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for row, label in zip(rows, group_labels(rows, varying_axes(rows))):
+        values[row["target"] if ladder else None][label].append(row[y])
     # many arms, or long names, read only as rows: horizontal bars, names at the left, best on top
     across = len(labels) > MAX_UPRIGHT_ARMS or sum(len(label) for label in labels) > MAX_UPRIGHT_CHARS
     names = [text(label) for label in labels]
     fig = go.Figure()
+    ends = []
     for i, target in enumerate(targets if ladder else [None]):
-        at = by_target[target]
-        best = min(r[y] for r in at.values())
-        values = [at[label][y] if label in at else None for label in labels]
+        stats = {label: _mean_interval(seen) for label, seen in values[target].items()}
+        best = min(mean for mean, _, _ in stats.values())
+        means = [stats[label][0] if label in stats else None for label in labels]
+        halves = [stats[label][1] if label in stats else None for label in labels]
+        ends += [m + (h or 0) for m, h in zip(means, halves) if m is not None]
+        ends += [m - (h or 0) for m, h in zip(means, halves) if m is not None]
         value_at, name_at = ("x", "y") if across else ("y", "x")
         fig.add_trace(go.Bar(
-            **{name_at: names, value_at: values}, orientation="h" if across else "v",
-            name=f"target {target:,.0f}" if ladder else "best of each arm", marker_color=PALETTE[i % len(PALETTE)],
-            customdata=[[text(at[label]["trial_id"]), at[label]["params"], at[label][y] - best]
-                        if label in at else [None, None, None] for label in labels],
-            hovertemplate=f"%{{{name_at}}}<br>{y}=%{{{value_at}:.4f}} (%{{customdata[2]:+.4f}} vs best)<br>"
-                          "trial %{customdata[0]}<br>params=%{customdata[1]:,}<extra></extra>"))
-    values = [r[y] for r in rows]
-    low, high = min(values), max(values)
+            **{name_at: names, value_at: means}, orientation="h" if across else "v",
+            **{f"error_{value_at}": dict(type="data", array=[h or 0 for h in halves], visible=True,
+                                         thickness=1.2, width=3)},
+            name=f"target {target:,.0f}" if ladder else "each arm", marker_color=PALETTE[i % len(PALETTE)],
+            customdata=[[stats[label][2], stats[label][0] - best, stats[label][1]] if label in stats
+                        else [None, None, None] for label in labels],
+            hovertemplate=f"%{{{name_at}}}<br>{y}: mean %{{{value_at}:.4f}} over %{{customdata[0]}} seeds "
+                          "(± %{customdata[2]:.4f}, 95%)<br>%{customdata[1]:+.4f} vs the best arm's mean"
+                          "<extra></extra>"))
+    low, high = min(ends), max(ends)
     pad = 0.15 * (high - low) or 0.05 * abs(high) or 1.0
-    fig.update_layout(title=f"Side by side: {_title(y)} per arm (best first; axis not from zero)",
-                      template=TEMPLATE, barmode="group", legend_title="budget")
+    fig.update_layout(title=f"Side by side: {_title(y)} per arm, mean over seeds with its 95% interval "
+                            "(best first; axis not from zero)", template=TEMPLATE, barmode="group",
+                      legend_title="budget")
     if across:
         bars = len(labels) * (len(targets) if ladder else 1)
         fig.update_layout(height=max(450, 160 + 16 * bars))
@@ -358,6 +399,54 @@ def comparison_figure(rows: list[dict], *, y: str = "val_loss") -> go.Figure:
     else:
         fig.update_layout(xaxis_tickangle=-30)
         fig.update_yaxes(title=_title(y), range=[low - pad, high + pad])
+    return fig
+
+
+def _mean_interval(values: list[float]) -> tuple[float, float | None, int]:
+    """The mean of ``values``, the half-width of its 95% t interval (None for one value), how many."""
+    n = len(values)
+    mean = sum(values) / n
+    if n < 2:
+        return mean, None, n
+    from scipy import stats
+
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    return mean, float(stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n)), n
+
+
+def history_figure(history: dict[str, dict[str, list]]) -> go.Figure:
+    """A sampled search's optimisation history: each finished proposal's value of the first
+    objective in the order it was asked, and the best so far (``search.history.history``)."""
+    label, first = next(iter(history.items()))
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=first["number"], y=first["value"], mode="markers", name="proposal",
+                             marker=dict(color=PALETTE[0], size=7),
+                             hovertemplate="proposal %{x}<br>%{y:.4f}<extra></extra>"))
+    fig.add_trace(go.Scatter(x=first["number"], y=first["best"], mode="lines", name="best so far",
+                             line=dict(color="black", shape="hv"), hoverinfo="skip"))
+    others = [name for name in history if name != label]
+    more = f"; also searched: {', '.join(others)}" if others else ""
+    fig.update_xaxes(title="proposal (in the order asked)")
+    fig.update_yaxes(title=text(label))
+    fig.update_layout(title=f"Search history: {text(label)} of each proposal and the best so far{text(more)}",
+                      template=TEMPLATE)
+    return fig
+
+
+def importance_figure(importance: dict[str, dict[str, float]]) -> go.Figure:
+    """Each axis' importance to each objective (PED-ANOVA, ``search.history.importance``), most
+    important on top."""
+    order = sorted({a for values in importance.values() for a in values},
+                   key=lambda a: -max(values.get(a, 0.0) for values in importance.values()))
+    fig = go.Figure()
+    for i, (label, values) in enumerate(importance.items()):
+        fig.add_trace(go.Bar(y=[text(a) for a in order], x=[values.get(a, 0.0) for a in order], orientation="h",
+                             name=text(label), marker_color=PALETTE[i % len(PALETTE)],
+                             hovertemplate="%{y}: %{x:.2f}<extra></extra>"))
+    fig.update_xaxes(title="importance (PED-ANOVA; sums to 1 over the axes)", range=[0, 1])
+    fig.update_yaxes(autorange="reversed", automargin=True)
+    fig.update_layout(title="Axis importance: how much each axis sets the best proposals apart", template=TEMPLATE,
+                      barmode="group", legend_title="objective")
     return fig
 
 

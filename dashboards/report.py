@@ -16,6 +16,8 @@ from archsearch_dashboards.arms import arm_bests, axis_text, decoded, group_labe
 from archsearch_dashboards.figures import (
     MAX_CURVE_POINTS,
     comparison_figure,
+    history_figure,
+    importance_figure,
     curves_figure,
     parallel_figure,
     pareto_figure,
@@ -98,9 +100,27 @@ def views(rows: list[dict], metrics: list[dict]) -> dict[str, go.Figure]:
 def report_figures(store: Store, study: str | None, rows: list[dict] | None = None) -> dict[str, go.Figure]:
     """Every figure of the report by name: the views, then ``profile-I`` per stored analysis."""
     rows = rows if rows is not None else _rows(store, study)
-    figures = views(rows, curve_metrics(store, curve_trials(rows)))
+    figures = {**views(rows, curve_metrics(store, curve_trials(rows))), **search_figures(store, study)}
     for i, fig in enumerate(profile_figures(profile_rows(store, {r["trial_id"] for r in rows}))):
         figures[f"profile-{i}"] = fig
+    return figures
+
+
+def search_figures(store: Store, study: str | None) -> dict[str, go.Figure]:
+    """A sampled search's history and its axes' importance (what optuna-dashboard shows), for
+    each study of the report that sampled; none for a grid."""
+    from archsearch.search.history import history, importance
+
+    figures = {}
+    studies = [study] if study else store.studies().column("name").to_pylist()
+    for i, name in enumerate(studies):
+        proposals = store.proposals(name).to_pylist()
+        suffix = "" if len(studies) == 1 else f"-{i}"  # a figure's name is an HTML id: no study name in it
+        past, found = history(proposals), importance(proposals)
+        if past:
+            figures[f"history{suffix}"] = history_figure(past)
+        if found:
+            figures[f"importance{suffix}"] = importance_figure(found)
     return figures
 
 

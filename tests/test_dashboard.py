@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from archsearch_dashboards.app import VIEWS, refresh
+from archsearch_dashboards.app import SEARCH_VIEWS, VIEWS, refresh
 from archsearch_dashboards.arms import PALETTE, arm_colours, group_label, varying_axes
 from archsearch_dashboards.figures import comparison_figure, curves_figure, thin
 from archsearch_dashboards.report import write_report
@@ -34,7 +34,10 @@ def test_every_view_is_drawn_with_fits_and_a_filter_by_family_changes_them(store
     labelled by the one axis that still varies. Fails if the family filter is ignored in ``filter_rows``."""
     view = refresh(store)
     assert view["summary"].startswith("15 of 15") and view["families"] == ["hybrid", "transformer"]
-    assert set(view["figures"]) == set(VIEWS) and all(view["figures"][name].data for name in VIEWS)
+    assert set(view["figures"]) == set(VIEWS)
+    assert all(view["figures"][name].data for name in VIEWS if name not in SEARCH_VIEWS)
+    # a grid's study: the search views say why they are empty
+    assert all("did not sample" in view["figures"][name].layout.annotations[0].text for name in SEARCH_VIEWS)
     scaling = view["figures"]["scaling"]
     assert all(d.mode == "markers" for d in scaling.data) and len(scaling.data) == 5
     assert "no fit for 5 of 5 arms: L(N) needs 4 trials at 3 or more sizes" in scaling.layout.title.text
@@ -106,7 +109,7 @@ def test_bars_start_near_the_values_not_at_zero(store):
     low, high = (figure.layout.xaxis if figure.data[0].orientation == "h" else figure.layout.yaxis).range
     values = [r["val_loss"] for r in rows]
     assert min(values) - 0.2 * (max(values) - min(values)) < low < min(values) and high > max(values)
-    gaps = [c[2] for bar in figure.data for c in bar.customdata if c[2] is not None]
+    gaps = [c[1] for bar in figure.data for c in bar.customdata if c[1] is not None]
     assert min(gaps) == 0 and max(gaps) > 0
 
 
@@ -152,11 +155,11 @@ def test_dashboard_without_a_store_is_one_line(tmp_path):
 
 
 def test_report_json_views_are_the_apps(store, tmp_path):
-    """The report carries every view the app shows, each with its traces."""
+    """The report carries every view the app shows, each with its traces (a grid's study: no search views)."""
     with A.open_store(store, read_only=True) as db:
         page = write_report(db, tmp_path / "r.html").read_text()
     for name in VIEWS:
-        assert f'id="view-{name}"' in page
+        assert (f'id="view-{name}"' in page) == (name not in SEARCH_VIEWS)
     assert "no fit for 5 of 5 arms" in page
 
 

@@ -18,6 +18,7 @@ from archsearch_dashboards.arms import arm_colours, group_labels, varying_axes
 from archsearch_dashboards.figures import parallel_figure, scaling_figure
 from archsearch_dashboards.report import completed_rows, write_report
 from tests.dashboard_support import result, spec, trial
+from tests.report_rows import rows_of
 
 import archsearch as A
 
@@ -108,22 +109,6 @@ def test_a_universal_baseline_says_its_steps_and_arms_alike_but_for_their_match_
     rows = [dict(trial_id=m, family="transformer", axes=axes, match=m, spec="{}") for m in ("params", "flops")]
     assert group_labels(rows, varying_axes(rows)) == ["transformer (matched on params)",
                                                       "transformer (matched on flops)"]
-
-
-def rows_of(arms: dict[str, tuple[list[int], float]], seeds: int = 2) -> list[dict]:
-    """Completed transformer rows: per taper shape, trials at each of its
-    sizes (``seeds`` each) on the law 2 + scale * N^-0.3."""
-    layers = json.dumps({"family": "transformer", "layers": [{"mixer": "attention", "mlp_width": 32}]})
-    out = []
-    for shape, (sizes, scale) in arms.items():
-        axes = {"family": "transformer", "taper.shape": shape}
-        for size in sizes:
-            for seed in range(seeds):
-                out.append(dict(trial_id=f"{shape}-{size}-{seed}", family="transformer", axes=axes, params=size,
-                                target=size, match="params", achieved=size, match_error=0.0, d_model=16,
-                                num_layers=1, val_loss=2 + scale * size ** -0.3 * (1 + seed / 1000),
-                                tokens_per_s=1.0, spec=layers))
-    return out
 
 
 def test_a_scaling_fit_is_one_arms_never_a_pool_of_arms():

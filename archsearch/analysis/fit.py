@@ -188,7 +188,14 @@ class ScalingFit:
                 "estimates": {k: v.to_dict() for k, v in self.estimates.items()}, "level": self.level,
                 "bootstrap": len(self.draws), "huber_loss": self.huber_loss, "starts": self.starts,
                 "converged": self.converged, "ranges": {k: list(v) for k, v in self.ranges.items()},
-                "notes": self.notes}
+                "notes": self.notes, "cautions": self.cautions}
+
+    @property
+    def cautions(self) -> list[str]:
+        """Why this fit is not to be trusted (``analysis.trust``); empty when nothing says so."""
+        from archsearch.analysis.trust import cautions
+
+        return cautions(self)
 
 
 def fit_law(variables: dict[str, Any], loss: Any, law: str | Law = "ND", *, group: str = "all",
