@@ -321,17 +321,19 @@ def test_a_disk_that_fills_mid_run_stops_it_cleanly_and_resume_finishes(tiny_stu
     """The disk fills after the first trial: the run ends in one line with the resume command,
     nothing it wrote before is lost, and the resume (space freed) trains the rest."""
     (tmp_path / "filler.py").write_text(FILLER)
-    again = f"archsearch resume {tiny_study} --store {DISK}/s.duckdb --max-parallel 1"
+    # trials of a few seconds each, so the disk fills while the second one trains
+    longer = "--set recipe.steps=400 --set recipe.eval_every=100"
+    again = f"archsearch resume {tiny_study} --store {DISK}/s.duckdb {longer} --max-parallel 1"
     script = tmp_path / "go.sh"
     script.write_text(textwrap.dedent(f"""\
         cd {tmp_path}
-        {sys.executable} -m archsearch.cli run {tiny_study} --store {DISK}/s.duckdb --max-parallel 1 \\
+        {sys.executable} -m archsearch.cli run {tiny_study} --store {DISK}/s.duckdb {longer} --max-parallel 1 \\
             --no-progress 2> run.err > run.out &
         run=$!
         {sys.executable} filler.py {DISK}/s.duckdb
         wait $run; echo "run $?"
         rm -f {DISK}/filler
-        {sys.executable} -m archsearch.cli resume {tiny_study} --store {DISK}/s.duckdb --max-parallel 1 \\
+        {sys.executable} -m archsearch.cli resume {tiny_study} --store {DISK}/s.duckdb {longer} --max-parallel 1 \\
             --no-progress > resume.out 2> resume.err; echo "resume $?"
         {sys.executable} -c "import archsearch as A; print(sorted(A.open_store('{DISK}/s.duckdb', read_only=True)
             .trials('tiny').column('status').to_pylist()))"
