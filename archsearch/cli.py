@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-import json
+import math
 import shlex
 import sys
 from pathlib import Path
@@ -29,10 +29,12 @@ from archsearch.cli_common import (
     _writing,
     full_trial_id,
     leave_now,
+    writable_kind,
     reading,
     require_study,
     user_errors,
 )
+from archsearch.jsontext import strict_json
 
 # Plain click help: rich help labels every flag `<bool>`.
 app = typer.Typer(help="Declarative architecture search and scaling studies for language models.",
@@ -53,18 +55,22 @@ def main(version: Annotated[bool, typer.Option("--version", callback=_version, i
     """Options before any command (the app's help text is the Typer's)."""
 
 
+IgnoreMemoryOpt = Annotated[bool, typer.Option(
+    "--ignore-memory", help="plan trials whose estimated peak memory exceeds execution.memory or this machine's")]
+
+
 @app.command()
 @user_errors
 def plan(study: StudyArg, as_json: JsonOpt = False, wide: WideOpt = False,
          layers: Annotated[bool, typer.Option("--layers", help="show each trial's per-layer plan")] = False,
-         overrides: SetOpt = None,
+         overrides: SetOpt = None, ignore_memory: IgnoreMemoryOpt = False,
          store: Annotated[Path, typer.Option("--store", help="a store whose completed trials' speed estimates the "
                                                              "plan's wall time (when it exists)")] = DEFAULT_STORE):
     """Every trial the study would run, widths solved; trains nothing. A search (a sampler, or
     fidelity rungs) also says what it proposes and the training FLOPs it implies."""
     import archsearch as A
 
-    loaded = A.load_study(study, overrides=overrides or ())
+    loaded = A.load_study(study, overrides=_memory_override(overrides, ignore_memory))
     search = loaded.search
     if search.probe is None and (search.sampler != "grid" or search.fidelity is not None):
         from archsearch.search.preview import plan_search
@@ -72,7 +78,7 @@ def plan(study: StudyArg, as_json: JsonOpt = False, wide: WideOpt = False,
         preview = plan_search(loaded)
         if as_json:
             out = preview.to_dict() if search.sampler != "grid" else [t.to_dict() for t in preview.sample]
-            typer.echo(json.dumps(out, indent=2))
+            typer.echo(strict_json(out, indent=2))
             return
         from archsearch.terminal import search_plan
 
@@ -80,7 +86,7 @@ def plan(study: StudyArg, as_json: JsonOpt = False, wide: WideOpt = False,
         return
     trials = A.plan(loaded)
     if as_json:
-        typer.echo(json.dumps([t.to_dict() for t in trials], indent=2))
+        typer.echo(strict_json([t.to_dict() for t in trials], indent=2))
         return
     from archsearch.terminal import lines, plan_table
 
@@ -113,30 +119,39 @@ def _wall_time_line(trials: list, study, store: Path) -> list[str]:
             f"evaluation and start-up not counted{left})"]
 
 
+RetryFailedOpt = Annotated[bool, typer.Option(
+    "--retry-failed", help="also train the failed and diverged trials that used up execution.max_attempts")]
+
+
 @app.command()
 @user_errors
 def run(study: StudyArg, store: StoreOpt = DEFAULT_STORE, address: AddressOpt = None,
         max_parallel: MaxParallelOpt = None, report: ReportOpt = None, progress: ProgressOpt = True,
-        overrides: SetOpt = None):
+        overrides: SetOpt = None, retry_failed: RetryFailedOpt = False, ignore_memory: IgnoreMemoryOpt = False):
     """Run the study (embedded Ray unless --address), writing the store."""
     _run(study, store=store, address=address, max_parallel=max_parallel, report=report, progress=progress,
-         resume=False, overrides=overrides or [])
+         resume=False, overrides=_memory_override(overrides, ignore_memory), retry_failed=retry_failed)
 
 
 @app.command()
 @user_errors
 def resume(study: StudyArg, store: StoreOpt = DEFAULT_STORE, address: AddressOpt = None,
            max_parallel: MaxParallelOpt = None, report: ReportOpt = None, progress: ProgressOpt = True,
-           overrides: SetOpt = None):
+           overrides: SetOpt = None, retry_failed: RetryFailedOpt = False, ignore_memory: IgnoreMemoryOpt = False):
     """Continue an interrupted study; finished trials are skipped."""
     _run(study, store=store, address=address, max_parallel=max_parallel, report=report, progress=progress,
-         resume=True, overrides=overrides or [])
+         resume=True, overrides=_memory_override(overrides, ignore_memory), retry_failed=retry_failed)
+
+
+def _memory_override(overrides: list[str] | None, ignore_memory: bool) -> list[str]:
+    """``--ignore-memory`` is ``--set execution.memory_check=false`` (so a resume command repeats it)."""
+    return [*(overrides or []), *(["execution.memory_check=false"] if ignore_memory else [])]
 
 
 def _run(study_path: Path, *, store: Path, address, max_parallel, report, progress, resume: bool,
-         overrides: list[str]) -> None:
+         overrides: list[str], retry_failed: bool = False) -> None:
     import archsearch as A
-    from archsearch.errors import StoreError
+    from archsearch.errors import StoreError, StoreFullError
     from archsearch.execute import run_study
     from archsearch.execute.process import exit_code, interrupt_on_termination
 
@@ -148,21 +163,26 @@ def _run(study_path: Path, *, store: Path, address, max_parallel, report, progre
             require_study(db, study.name, store, f"start it with `archsearch run {study_path}`")
     with _writing(store.parent, "the store's folder"):
         store.parent.mkdir(parents=True, exist_ok=True)
+    writable_kind(report or _default_report(study.name), "the report")  # before training, not after
+    again = ["archsearch", "resume", str(study_path), "--store", str(store)]
+    again += [part for text in overrides for part in ("--set", text)]
+    for flag, value in (("--address", address), ("--max-parallel", max_parallel), ("--report", report)):
+        again += [flag, str(value)] if value is not None else []
     try:
         with interrupt_on_termination():  # SIGTERM and SIGHUP end it as Ctrl-C does
             summary = run_study(study, store=store, address=address, max_parallel=max_parallel,
-                                show_progress=progress)
+                                show_progress=progress, retry_failed=retry_failed)
     except KeyboardInterrupt as stop:
-        again = ["archsearch", "resume", str(study_path), "--store", str(store)]
-        again += [part for text in overrides for part in ("--set", text)]
-        for flag, value in (("--address", address), ("--max-parallel", max_parallel), ("--report", report)):
-            again += [flag, str(value)] if value is not None else []
         _fail(f"interrupted; finished trials are saved, continue with: {shlex.join(again)}", exit_code(stop))
+    except StoreFullError as err:
+        # what reached the store before the disk filled is kept (the failed transaction rolled back)
+        _fail(f"{err}: {shlex.join(again)}", 2)
     from archsearch.terminal import run_summary
 
     report = report or _default_report(study.name)
     with _writing(report, "the report"):
-        run_summary(summary, store=store, report=report)
+        run_summary(summary, store=store, report=report,
+                    retry=shlex.join([*again, "--retry-failed"]), attempts=study.execution.max_attempts)
 
 
 def _default_report(study: str | None) -> Path:
@@ -233,7 +253,7 @@ def _job_status(job_id: str, address: Optional[str], *, as_json: bool) -> None:
     state, message, log = jobs.job_state(address, job_id)
     tail = log.splitlines()[-LOG_TAIL:]
     if as_json:
-        typer.echo(json.dumps({"job": job_id, "status": state, "message": message, "log_tail": tail}, indent=2))
+        typer.echo(strict_json({"job": job_id, "status": state, "message": message, "log_tail": tail}, indent=2))
         return
     typer.echo(f"job {job_id}: {state}" + (f" ({message.strip()})" if message.strip() else ""))
     for line in tail:
@@ -270,15 +290,22 @@ def pareto(objectives: Annotated[str, typer.Option(help="columns with directions
     try:
         ref = [float(v) for v in reference.split(",")] if reference else None
     except ValueError:
-        raise ValueError(f"--reference '{reference}': give one number per objective, e.g. 4.0,1e8,0") from None
+        ref = [math.nan]
+    if ref is not None and not all(math.isfinite(v) for v in ref):
+        raise ValueError(f"--reference '{reference}': give one finite number per objective, e.g. 4.0,1e8,0")
+    if extrapolate is not None and not (math.isfinite(extrapolate) and extrapolate > 0):
+        raise ValueError(f"--extrapolate {extrapolate}: give a positive, finite parameter count, e.g. 1e9")
     if extrapolate is not None:
         front = analysis.extrapolated_front(table, goals, extrapolate, by=by or ("family" if from_csv is None
                                                                                    else None),
                                             pool_arms=pool_arms, bootstrap=bootstrap, reference=ref)
     else:
         front = analysis.pareto(table, goals, reference=ref, matched=matched)
+    if not front.considered:
+        raise ValueError(f"no row has a value for every objective ({', '.join(c for c, _ in goals)}) among "
+                         f"{table.num_rows} read; nothing to compare (see `archsearch status` or the CSV)")
     if as_json:
-        typer.echo(json.dumps(front.to_dict(), indent=2, default=str))
+        typer.echo(strict_json(front.to_dict(), indent=2))
         return
     from archsearch.terminal import front_table, lines
 
@@ -338,7 +365,7 @@ def fit(store: StoreOpt = DEFAULT_STORE, study: StudyOpt = None, from_csv: CsvOp
         at_c = next((p["C"] for p in points if "C" in p), None)
         out["multipliers"] = [result.compute_multiplier(*result.pair(compare), compute=at_c)]
     if as_json:
-        typer.echo(json.dumps(out, indent=2))
+        typer.echo(strict_json(out, indent=2))
         return
     from archsearch.terminal import fit_tables
 
@@ -376,7 +403,7 @@ def compare(baseline: Annotated[str, typer.Option(help="the arm every other is c
     result = analysis.compare_arms(_analysis_table(store, study, from_csv), baseline=baseline, by=by, within=within,
                                    metric=metric, seed_col=seed_col, level=level, seed=seed, pool=pool)
     if as_json:
-        typer.echo(json.dumps(result.to_dict(), indent=2))
+        typer.echo(strict_json(result.to_dict(), indent=2))
         return
     from archsearch.terminal import compare_table
 
@@ -407,9 +434,13 @@ def _point(text: str) -> dict[str, float]:
     for part in filter(None, (p.strip() for p in text.split(","))):
         name, _, value = part.partition("=")
         try:
-            point[name.strip().upper()] = float(value)
+            number = float(value)
         except ValueError:
-            raise ValueError(f"--at '{text}': write NAME=NUMBER pairs, e.g. N=1e9,D=2e10 or C=1e21") from None
+            number = math.nan
+        if not (math.isfinite(number) and number > 0):
+            raise ValueError(f"--at '{text}': write NAME=NUMBER pairs of positive, finite numbers, e.g. N=1e9,D=2e10 "
+                             "or C=1e21")
+        point[name.strip().upper()] = number
         if name.strip().upper() not in ("N", "D", "C"):
             raise ValueError(f"--at '{text}': unknown variable '{name}'; use N, D or C")
     return point
@@ -448,7 +479,11 @@ def report(output: Annotated[Optional[Path], typer.Option(
 @user_errors
 def dashboard(store: StoreOpt = DEFAULT_STORE,
               host: Annotated[str, typer.Option(help="address to serve on (loopback by default)")] = "127.0.0.1",
-              port: Annotated[int, typer.Option(help="port to serve on")] = 8050):
+              port: Annotated[int, typer.Option(min=1, max=65535, help="port to serve on")] = 8050,
+              password: Annotated[Optional[str], typer.Option(
+                  envvar="ARCHSEARCH_DASHBOARD_PASSWORD",
+                  help="ask every visitor for this password (HTTP Basic, any user name); better set "
+                       "ARCHSEARCH_DASHBOARD_PASSWORD than type it")] = None):
     """The live dashboard: figures that redraw as trials finish (Ctrl-C stops it)."""
     with reading(store):  # a store it cannot read: one line now, not an error on every redraw
         pass
@@ -456,12 +491,33 @@ def dashboard(store: StoreOpt = DEFAULT_STORE,
 
     if importlib.util.find_spec("dash") is None:  # the app imports it only as it starts serving
         _fail("the dashboard needs Dash: pip install 'archsearch[dashboard]'", 2)
+    if password and importlib.util.find_spec("dash_auth") is None:
+        _fail("a dashboard password needs dash-auth: pip install 'archsearch[dashboard]'", 2)
     from archsearch_dashboards.app import serve
 
+    if not _loopback(host):
+        if password:
+            typer.echo(f"note: the dashboard on {host} asks for the password, which HTTP sends unencrypted: serve "
+                       "it on a trusted network or behind an HTTPS proxy", err=True)
+        else:
+            typer.echo(f"warning: the dashboard on {host} shows {store} to every machine that can reach port {port}, "
+                       "with no password; set ARCHSEARCH_DASHBOARD_PASSWORD (or --password) to ask for one", err=True)
     # flushed: piped, the line would wait in a buffer while the server runs
     typer.echo(f"dashboard: http://{host}:{port}/ over {store} (Ctrl-C stops it)")
     sys.stdout.flush()
-    serve(store, host=host, port=port)
+    serve(store, host=host, port=port, password=password)
+
+
+def _loopback(host: str) -> bool:
+    """Whether ``host`` is reached from this machine only (127.0.0.0/8, ::1, localhost)."""
+    import ipaddress
+
+    if host.strip("[]").lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to any interface
 
 
 @app.command()
@@ -507,7 +563,7 @@ def schema(kind: Annotated[str, typer.Argument(help="study or space")] = "study"
     models = {"study": Study, "space": Space}
     if kind not in models:
         _fail(f"unknown schema '{kind}'; choose study or space", 2)
-    typer.echo(json.dumps(models[kind].model_json_schema(), indent=2))
+    typer.echo(strict_json(models[kind].model_json_schema(), indent=2))
 
 
 app.add_typer(analyze_app, name="analyze")
@@ -550,7 +606,7 @@ def bench(study: StudyArg,
                           threads=threads or loaded.execution.threads_per_trial, batch_size=batch_size,
                           compile_backend=compile_backend)
     if as_json:
-        typer.echo(json.dumps(result, indent=2))
+        typer.echo(strict_json(result, indent=2))
         return
     from archsearch.terminal import bench_table
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Optional
 
 import typer
 
 from archsearch.cli_common import DEFAULT_STORE, JsonOpt, StoreOpt, full_trial_id, user_errors
+from archsearch.jsontext import strict_json
 
 analyze_app = typer.Typer(help="Analyses of trained trials, loaded from their checkpoints (docs/inspect.md).",
                           no_args_is_help=True)
@@ -26,7 +26,7 @@ def _analysis(run, title: str, columns: list[str], as_json: bool, fold: str | No
     calib = Calibration(batches=kwargs.pop("batches"), batch_size=kwargs.pop("batch_size"), seed=kwargs.pop("seed"))
     rows = run(calib=calib, **kwargs)
     if as_json:
-        typer.echo(json.dumps(rows, indent=2))
+        typer.echo(strict_json(rows, indent=2))
         return
     from archsearch.terminal import profile_table
 
@@ -86,14 +86,13 @@ def analyze_exit(trial_id: TrialArg, store: StoreOpt = DEFAULT_STORE,
                  lr: Annotated[float, typer.Option(help="learning rate of the adaptation")] = 1e-4,
                  batches: BatchesOpt = 4, batch_size: BatchSizeOpt = 8, seed: SeedOpt = 0, as_json: JsonOpt = False):
     """Early exit (looped models with exit gates): perplexity against the share of loop steps run."""
-    from archsearch.inspect.runs import analyze_exit as run
-
     try:
         values = tuple(float(t) for t in thresholds.split(","))
     except ValueError:
         raise ValueError(f"--thresholds: {thresholds!r} is not a comma-separated list of numbers") from None
     if any(not 0 < t <= 1 for t in values):
         raise ValueError(f"--thresholds: every threshold must be in (0, 1], got {thresholds}")
+    from archsearch.inspect.runs import analyze_exit as run  # torch: after the arguments are checked
     _analysis(run, f"early exit of {trial_id}", ["adapted", "threshold"], as_json, trial_id=trial_id, store=store,
               thresholds=values, adapt_steps=adapt_steps, cache_hole=cache_hole, lr=lr, batches=batches,
               batch_size=batch_size, seed=seed)

@@ -3,6 +3,7 @@ the default store, and the wrapper that turns a user's mistake into one line."""
 
 from __future__ import annotations
 
+import errno
 import functools
 from contextlib import contextmanager
 from pathlib import Path
@@ -32,11 +33,22 @@ def _fail(message: str, code: int) -> None:
     raise typer.Exit(code)
 
 
+def writable_kind(path: Path, what: str) -> None:
+    """Refuse, in one line, an output path that a write would block on (a named pipe no process
+    reads) or cannot write (a socket); see ``files.output_problem``."""
+    from archsearch.files import output_problem
+
+    problem = output_problem(path)
+    if problem is not None:
+        _fail(f"cannot write {what} {path}: it {problem}; choose another path", 2)
+
+
 @contextmanager
 def _writing(path: Path, what: str):
     """A file or folder the user named that cannot be written: one line, exit 2."""
     import duckdb
 
+    writable_kind(path, what)
     try:
         yield
     except (OSError, duckdb.IOException) as err:
@@ -93,17 +105,34 @@ def user_errors(command):
         from archsearch.errors import ArchsearchError
 
         try:
+            _finite_options(kwargs)
             return command(*args, **kwargs)
         except ArchsearchError as err:
             _fail(str(err), err.exit_code)
         except (ValueError, FileNotFoundError) as err:
             _fail(str(err), 2)
+        except OSError as err:
+            if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            # a full disk wherever a command writes (a report, an export, a temporary folder)
+            _fail(f"cannot write {err.filename or 'a file'}: {err.strerror}; free space on that disk, then run "
+                  "the command again", 2)
         except KeyboardInterrupt as stop:
             from archsearch.execute.process import exit_code
 
             _fail("interrupted", exit_code(stop))
 
     return wrapper
+
+
+def _finite_options(options: dict) -> None:
+    """Refuse a NaN or an infinity given to any number option of a command (``--level nan``,
+    ``--extrapolate inf``): no command means one, and each would flow into its results."""
+    import math
+
+    for name, value in options.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"--{name.replace('_', '-')} {value}: give a finite number")
 
 
 def leave_now(code: object) -> None:

@@ -45,6 +45,15 @@ class StoreError(ArchsearchError):
     exit_code = 2
 
 
+class StoreFullError(StoreError):
+    """The disk holding the store is full: nothing half-written is kept (DuckDB rolls the
+    transaction back); the user frees space and resumes. ``path``: the store."""
+
+    def __init__(self, message: str, *, path: str):
+        self.path = path
+        super().__init__(message)
+
+
 class ClusterError(ArchsearchError):
     """The cluster the user pointed at cannot be reached, joined or asked (a wrong address or
     token, no cluster started, a job id it lacks), or cannot fit a trial's resources: theirs to

@@ -78,3 +78,26 @@ def read_head(path: str | Path, limit: int) -> bytes:
             return file.read(limit)
         except OSError as err:
             raise FileKindError(_os_problem(err)) from None
+
+
+def output_problem(path: str | Path) -> str | None:
+    """What makes ``path`` unfit to write an output to, in words, or None: a named pipe no
+    process reads ("is a named pipe no process reads": opening it would block until one does)
+    or a socket. A regular file, a folder, a device (``/dev/null``, a terminal), a pipe with a
+    reader or a path not there yet are fine."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None  # not there yet (or a dangling link): the writer makes it or says why not
+    if stat.S_ISSOCK(mode):
+        return "is a socket"
+    if not stat.S_ISFIFO(mode):
+        return None
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as err:
+        if err.errno == errno.ENXIO:
+            return "is a named pipe no process reads"
+        return _os_problem(err)
+    os.close(fd)
+    return None

@@ -25,6 +25,7 @@ from archsearch import __version__
 from archsearch.arch.families import SpecMaker, layer_count, spec_maker
 from archsearch.arch.spec import ArchSpec
 from archsearch.arch.structures.memory_counts import overhead as memory_overhead
+from archsearch.budget.memory import MemoryEstimate, estimate_memory, readable_bytes
 from archsearch.budget import (
     BudgetError,
     Solution,
@@ -62,6 +63,8 @@ class PlannedTrial:
     data: dict
     tokens: int = 0  # training tokens the recipe gives it (steps x batch_size x seq_len)
     same_as: str | None = None  # an earlier planned trial that trains the identical model: its result is shared
+    eval_flops: float = 0.0  # forward FLOPs of every evaluation the recipe makes
+    memory: MemoryEstimate | None = None  # estimated peak training memory, by part (budget.memory)
 
     @property
     def train_key(self) -> str:
@@ -77,7 +80,8 @@ class PlannedTrial:
     def to_dict(self) -> dict:
         out = {k: getattr(self, k) for k in ("trial_id", "study", "axes", "seed", "match", "target", "achieved",
                                             "match_error", "params", "total_params", "flops_per_token", "state",
-                                            "sweep_group", "tokens", "train_flops", "same_as")}
+                                            "sweep_group", "tokens", "train_flops", "eval_flops", "same_as")}
+        out["peak_memory"] = self.memory.to_dict() if self.memory is not None else None
         out.update(family=self.spec.family, structure=self.spec.structure, d_model=self.spec.d_model,
                    num_layers=self.spec.num_layers, mlp_widths=list(self.spec.mlp_widths),
                    spec=self.spec.to_dict(), recipe=self.recipe, data=self.data)
@@ -95,6 +99,44 @@ def plan(study: Study) -> list[PlannedTrial]:
     """
     check_trial_count(study)  # targets x seeds x learning rates, before the space is expanded
     return plan_points(study, expand(study.space))
+
+
+def memory_limit(study: Study) -> tuple[int | None, str]:
+    """The bytes one trial may use and where that comes from: ``execution.memory``, else this
+    machine's memory for a CPU trial (None for a GPU trial without ``execution.memory``)."""
+    import os
+
+    if study.execution.memory is not None:
+        return study.execution.memory, "execution.memory"
+    if study.execution.gpus:
+        return None, ""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "this machine's memory"
+    except (ValueError, OSError):
+        return None, ""
+
+
+def check_memory(study: Study, trials: list[PlannedTrial]) -> None:
+    """Refuse a plan with a trial whose estimated peak (``budget.memory``) exceeds ``memory_limit``,
+    naming the trial, its estimate by part and the fix; ``execution.memory_check: false`` skips it."""
+    limit, source = memory_limit(study)
+    if limit is None or not study.execution.memory_check:
+        return
+    workers = study.execution.workers_per_trial  # each worker holds the model and reads batch / workers rows
+    for trial in trials:
+        need = trial.memory.total - (workers - 1) * (trial.memory.activations + trial.memory.logits) // workers
+        if need <= limit:
+            continue
+        parts = ", ".join(f"{name} {readable_bytes(value)}" for name, value in trial.memory.to_dict().items()
+                          if name != "total")
+        message = (f"trial {trial.trial_id} ({', '.join(f'{k}={v}' for k, v in trial.axes.items())}) needs about "
+                   f"{readable_bytes(need)} at its training peak ({parts}), more than the {readable_bytes(limit)} of "
+                   f"{source}")
+        hint = ("lower recipe.batch_size or data.seq_len, raise recipe.grad_accum, or pass --ignore-memory "
+                "(execution.memory_check: false) if the estimate is wrong")
+        if study._origin is None:
+            raise SpecError(message, field="recipe.batch_size", hint=hint)
+        raise study._origin.error(message, loc=("recipe", "batch_size"), hint=hint)
 
 
 def plan_points(study: Study, points: list[dict[str, Any]]) -> list[PlannedTrial]:
@@ -147,7 +189,9 @@ def plan_points(study: Study, points: list[dict[str, Any]]) -> list[PlannedTrial
                 partner = arms[0].spec if arm.name == "baseline" else None
                 for seed in study.seeds:
                     add(axes, seed, arm, partner, index)
-    return _mark_twins(trials)
+    trials = _mark_twins(trials)
+    check_memory(study, trials)
+    return trials
 
 
 def _mark_twins(trials: list[PlannedTrial]) -> list[PlannedTrial]:
@@ -307,6 +351,7 @@ def _digest(spec: dict, recipe: dict, data: dict, seed: int, pair: str | None) -
 def _trial(study: Study, axes: dict, seed: int, arm: Arm, recipe: dict, data: dict, seq_len: int,
            sweep_group: str | None, pair: str | None) -> PlannedTrial:
     spec = arm.spec
+    steps = planned_steps(recipe, params=count_params(spec), seq_len=seq_len)
     try:
         state = state_size(spec, seq_len=seq_len)
     except NotImplementedError:
@@ -316,8 +361,16 @@ def _trial(study: Study, axes: dict, seed: int, arm: Arm, recipe: dict, data: di
         match=arm.match, target=arm.target, achieved=arm.achieved, match_error=arm.achieved / arm.target - 1,
         params=count_params(spec), total_params=count_params(spec, embeddings=True),
         flops_per_token=flops_per_token(spec, seq_len=seq_len), state=state, sweep_group=sweep_group, spec=spec,
-        recipe=recipe, data=data,
-        tokens=planned_steps(recipe, params=count_params(spec), seq_len=seq_len) * recipe["batch_size"] * seq_len)
+        recipe=recipe, data=data, tokens=steps * recipe["batch_size"] * seq_len,
+        eval_flops=evaluations(recipe, steps) * recipe["eval_batches"] * recipe["batch_size"] * seq_len
+        * flops_per_token(spec, seq_len=seq_len, kind="forward"),
+        memory=estimate_memory(spec, batch_size=recipe["batch_size"], grad_accum=recipe["grad_accum"],
+                               seq_len=seq_len))
+
+
+def evaluations(recipe: dict, steps: int) -> int:
+    """How many times training evaluates: every ``eval_every`` steps, and at the last step."""
+    return steps // recipe["eval_every"] + (steps % recipe["eval_every"] != 0)
 
 
 def _named(point: dict) -> str:
@@ -359,4 +412,4 @@ def _point_error(study: Study, point: dict, err: ValueError) -> SpecError:
     return origin.error(message, loc=("axes",), hint=hint)
 
 
-__all__ = ["PlannedTrial", "plan", "plan_points", "training_key", "trial_id", "twin_lines", "__version__"]
+__all__ = ["PlannedTrial", "check_memory", "plan", "plan_points", "training_key", "trial_id", "twin_lines", "__version__"]

@@ -21,6 +21,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from archsearch.budget.memory import readable_bytes
+from archsearch.jsontext import strict_json
+
 # C0/C1 control characters (ESC starts every ANSI sequence) and the bidi
 # overrides that reorder what a terminal shows.
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
@@ -139,9 +142,10 @@ def plan_table(trials: list, *, layers: bool = False, wide: bool = False, title:
     rows = [{**t.axes, "seed": t.seed} for t in trials]
     varying, shared = split_axes(rows)
     axes, axis_cells = _axis_cells(rows, _all_names(rows) if wide else varying, wide=wide)
-    measures = ["params", "error", "FLOPs/token"]
+    measures = ["params", "error", "FLOPs/token", "memory"]
     if wide:
-        measures = ["match", "target", "achieved", "error", "params", "d_model", "MLP widths", "FLOPs/token", "state"]
+        measures = ["match", "target", "achieved", "error", "params", "d_model", "MLP widths", "FLOPs/token", "state",
+                    "memory"]
     elif trials and trials[0].match == "state":
         measures.append("state")
     matched = f", matched on {trials[0].match}" if trials and not wide else ""
@@ -151,7 +155,8 @@ def plan_table(trials: list, *, layers: bool = False, wide: bool = False, title:
     for t, cells_of_axes in zip(trials, axis_cells):
         cells = {"match": t.match, "target": t.target, "achieved": t.achieved, "error": f"{t.match_error:+.2%}",
                  "params": t.params, "d_model": t.spec.d_model, "MLP widths": ",".join(map(str, t.spec.mlp_widths)),
-                 "FLOPs/token": t.flops_per_token, "state": t.state}
+                 "FLOPs/token": t.flops_per_token, "state": t.state,
+                 "memory": readable_bytes(t.memory.total) if t.memory is not None else None}
         table.add_row(shown[t.trial_id], *cells_of_axes, *(_fmt(cells[m]) for m in measures))
     out = console()
     _print(out, table, wide=wide, note=None if wide else _shared_line(shared))
@@ -163,8 +168,17 @@ def plan_table(trials: list, *, layers: bool = False, wide: bool = False, title:
     if trials and totals:
         over = f"the {len(trials)} trials" if len(trained) == len(trials) else \
             f"the {len(trained)} trainings of the {len(trials)} trials"
-        out.print(f"total training FLOPs: {sum(t.train_flops for t in trained):.3g} "
-                  f"(FLOPs/token x tokens, summed over {over})")
+        train, evaluation = sum(t.train_flops for t in trained), sum(t.eval_flops for t in trained)
+        out.print(f"total FLOPs: {train + evaluation:.3g} = training {train:.3g} (FLOPs/token x tokens) + "
+                  f"evaluation {evaluation:.3g} (forward FLOPs/token x evaluation tokens), summed over {over}")
+        out.print("memory: each trial's estimated training peak (weights and gradients, AdamW state, activations "
+                  "of a micro-batch, logits), without the Python and torch runtime")
+        heavy = [t for t in trials if t.total_params > 2 * max(t.params, 1)]
+        if heavy:
+            t = max(heavy, key=lambda t: t.total_params / max(t.params, 1))
+            out.print(f"note: embeddings hold {1 - t.params / t.total_params:.0%} of trial {t.trial_id}'s "
+                      f"{t.total_params:,} parameters (vocabulary {t.spec.vocab_size:,}); budget.targets count "
+                      "the rest only, unless budget.count_embeddings")
     memories = [t.to_dict() for t in trials if t.spec.structure == "memory"]
     if memories:
         out.print("memory overhead (its params over the rest, embeddings included): "
@@ -293,8 +307,9 @@ def _fit_number(value) -> str:
     return _fmt(value)
 
 
-def run_summary(summary, *, store: Path, report: Path) -> None:
-    """After a run: counts, the best trial, the front, and the report path."""
+def run_summary(summary, *, store: Path, report: Path, retry: str = "", attempts: int = 0) -> None:
+    """After a run: counts, the best trial, the front, and the report path; the failed trials
+    left as they are after ``attempts`` attempts, with ``retry``, the command that trains them."""
     from archsearch_dashboards.report import (
         DEFAULT_OBJECTIVES,
         completed_rows,
@@ -310,6 +325,11 @@ def run_summary(summary, *, store: Path, report: Path) -> None:
                             f"{summary.completed:,} trained, "
                             + (f"{summary.shared:,} shared a twin's training, " if summary.shared else "")
                             + f"{summary.failed:,} failed in {summary.wall_time_s:,.0f}s"))
+    if summary.held:
+        out.print(f"{summary.held:,} failed or diverged trial{'s' * (summary.held != 1)} left as "
+                  f"{'they are' if summary.held != 1 else 'it is'} after {attempts} attempts (execution.max_attempts); "
+                  f"see `archsearch status --store {plain(store)}` for the errors, or train "
+                  f"{'them' if summary.held != 1 else 'it'} again with: {plain(retry)}", soft_wrap=True)
     with A.open_store(store, read_only=True) as db:
         rows = completed_rows(db, summary.study)
         if not rows:
@@ -338,8 +358,8 @@ def status_tables(db, *, study: str | None, as_json: bool, wide: bool = False) -
         # the store keeps a trial's axes, spec, recipe and data as JSON text: given as the objects they are
         objects = [{**t, **{k: json.loads(t[k]) for k in ("axes", "spec", "recipe", "data")
                             if isinstance(t.get(k), str)}} for t in trials]
-        print(json.dumps({"studies": studies, "trials": objects, "fidelity_ladders": ladders, "checks": checks},
-                         indent=2, default=str))
+        print(strict_json({"studies": studies, "trials": objects, "fidelity_ladders": ladders, "checks": checks},
+                          indent=2))
         return
     out = console()
     out.print(f"studies in {plain(db.path)}", soft_wrap=True)

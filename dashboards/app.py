@@ -5,11 +5,19 @@ DuckDB briefly, so a running study keeps writing) and redraws the report's
 views (``report.views``) for the chosen study, families and axis values.
 The callbacks' work lives in plain functions (``load``, ``filter_rows``,
 ``refresh``) that tests call without a browser. Dash is imported only here.
+
+A client can post anything to a callback: every input's type and size is
+checked (``bad_input``) and a wrong one is answered in the summary line, the
+figures left as they are; a request Dash itself cannot parse is answered
+400 in one logged line. With a password (``serve``), every route asks for
+it by HTTP Basic authentication (dash-auth).
 """
 
 from __future__ import annotations
 
 import heapq
+import hmac
+import logging
 from pathlib import Path
 
 import plotly.graph_objects as go
@@ -21,6 +29,9 @@ import archsearch as A
 
 REFRESH_MS = 5_000
 MAX_TRIAL_OPTIONS = 1_000
+# the longest text and the most values a filter takes from a client: far past any store's names
+MAX_INPUT_CHARS = 1_000
+MAX_INPUT_VALUES = 10_000
 VIEWS = ("scaling", "comparison", "pareto", "parallel", "curves", "plan", "history", "importance")
 SEARCH_VIEWS = ("history", "importance")  # a sampled search's; a grid's study has neither
 
@@ -72,6 +83,22 @@ def filter_rows(rows: list[dict], *, families: list[str] | None = None, axis: st
     if axis and values:
         rows = [r for r in rows if axis_text(r, axis) in values or str(r["axes"].get(axis)) in values]
     return rows
+
+
+def bad_input(*, study=None, families=None, axis=None, values=None, trial=None) -> str | None:
+    """What is wrong with the filters a client posted (None when nothing): each text a string
+    (or nothing), each list a list of such strings, none past the size limits above."""
+    def text(value) -> bool:
+        return value is None or (isinstance(value, str) and len(value) <= MAX_INPUT_CHARS)
+
+    for name, value in (("study", study), ("axis", axis), ("trial", trial)):
+        if not text(value):
+            return f"ignored a request whose '{name}' is not a name of at most {MAX_INPUT_CHARS:,} characters"
+    for name, value in (("family", families), ("axis value", values)):
+        if value is not None and not (isinstance(value, list) and len(value) <= MAX_INPUT_VALUES
+                                      and all(isinstance(v, str) and text(v) for v in value)):
+            return f"ignored a request whose '{name}' is not a list of at most {MAX_INPUT_VALUES:,} names"
+    return None
 
 
 def empty_figure(message: str) -> go.Figure:
@@ -154,13 +181,50 @@ def create_app(store: str | Path):
 
     @app.callback(outputs, inputs)
     def redraw(_tick, study, families, axis, values, trial):
+        problem = bad_input(study=study, families=families, axis=axis, values=values, trial=trial)
+        if problem is not None:
+            return (problem, *[dash.no_update] * (len(outputs) - 1))
         view = refresh(store, study=study, families=families, axis=axis, values=values, trial=trial)
         return (view["summary"], view["studies"], view["families"], view["axes"], view["values"], view["trials"],
                 *[view["figures"][name] for name in VIEWS])
 
+    app.server.register_error_handler(Exception, _unparsed_request)
     return app
 
 
-def serve(store: str | Path, *, host: str = "127.0.0.1", port: int = 8050) -> None:
-    """Serve the dashboard until interrupted (loopback only unless ``host`` says otherwise)."""
-    create_app(store).run(host=host, port=port, debug=False)
+def _unparsed_request(err: Exception):
+    """A request that fails inside Dash before any callback of ours runs (a body without
+    ``output``, a list too short): 400 and one log line, not a 500 and a traceback. An error
+    from our own code, or an HTTP error Flask chose, stays as it is."""
+    from werkzeug.exceptions import HTTPException
+
+    if isinstance(err, HTTPException):
+        return err
+    frames, tb = [], err.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame.f_code.co_filename)
+        tb = tb.tb_next
+    if any(Path(f).resolve().parent == Path(__file__).resolve().parent for f in frames):
+        raise err  # ours: a bug, with its traceback
+    logging.getLogger(__name__).warning("bad request: %s: %s", type(err).__name__, str(err)[:200])
+    return f"bad request: {type(err).__name__}\n", 400
+
+
+def require_password(app, password: str) -> None:
+    """Every route of ``app`` asks for ``password`` (any user name) by HTTP Basic authentication."""
+    import secrets
+
+    import dash_auth
+
+    app.server.secret_key = secrets.token_hex(32)  # dash-auth keeps its session in a signed cookie
+    dash_auth.BasicAuth(app, auth_func=lambda _user, given: hmac.compare_digest(
+        given.encode("utf-8", "surrogateescape"), password.encode("utf-8", "surrogateescape")))
+
+
+def serve(store: str | Path, *, host: str = "127.0.0.1", port: int = 8050, password: str | None = None) -> None:
+    """Serve the dashboard until interrupted (loopback only unless ``host`` says otherwise), asking
+    every visitor for ``password`` when one is given."""
+    app = create_app(store)
+    if password:
+        require_password(app, password)
+    app.run(host=host, port=port, debug=False)

@@ -4,7 +4,7 @@ Each smoke study plans with at least 3 seeds per arm and a few of its planned
 trials train at their smallest setting (2 steps, on text the test writes, or
 the study's own synthetic task), so the files stay runnable. Each paper-scale
 study plans to the parameter counts papers.md states, arm by arm, and the
-plan shows its total training FLOPs.
+plan shows its total FLOPs, training and evaluation.
 
 Planted mutations that fail here: planned tokens without the batch size
 (8 tests), and a protocol baseline reading ``study.data.seq_len`` again, which a
@@ -183,8 +183,9 @@ def test_looped_mamba_paper_scale_plans_loops_one_to_eight_under_both_protocols(
 
 
 def test_plan_shows_the_total_training_flops_of_a_paper_study(capsys):
-    """`archsearch plan` ends with the sum over trials of FLOPs/token x tokens
-    (fails if the line is dropped or sums flops_per_token alone)."""
+    """`archsearch plan` ends with the sum over trials of FLOPs/token x tokens, and of the
+    evaluations' forward FLOPs (fails if the line is dropped, sums flops_per_token alone or
+    leaves evaluation out)."""
     from typer.testing import CliRunner
 
     result = CliRunner().invoke(app, ["plan", str(study_path("rho_pruning", "paper"))], env={"COLUMNS": "250"})
@@ -192,4 +193,7 @@ def test_plan_shows_the_total_training_flops_of_a_paper_study(capsys):
     trials = plan_of("rho_pruning")
     total = sum(t.flops_per_token * t.tokens for t in trials)
     assert trials[0].tokens == pytest.approx(2.34e9, rel=0.01)
-    assert f"total training FLOPs: {total:.3g}" in result.output
+    evaluation = sum(t.eval_flops for t in trials)
+    assert 0 < evaluation < total
+    assert (f"total FLOPs: {total + evaluation:.3g} = training {total:.3g} (FLOPs/token x tokens) + "
+            f"evaluation {evaluation:.3g}") in result.output

@@ -98,7 +98,7 @@ def test_plan_table_is_whole_at_80_and_120_columns(trials, capsys, monkeypatch, 
     # axes that are the same in every trial are said once, not repeated per row
     assert "same in every row: family=transformer, num_layers=2" in " ".join(out.split())
     words = header(out, "planned trials")
-    assert words == ["taper.", "taper.", "trial", "shape", "ratio", "params", "error", "FLOPs/token"]
+    assert words == ["taper.", "taper.", "trial", "shape", "ratio", "params", "error", "FLOPs/token", "memory"]
 
 
 def test_wide_plan_table_has_every_column_at_full_width(trials, capsys, monkeypatch):

@@ -36,6 +36,8 @@ is the reference the batch is tested against.
 
 from __future__ import annotations
 
+import math
+
 import functools
 import itertools
 import sys
@@ -464,9 +466,9 @@ def _complete_point(law: Law, at: dict[str, float]) -> dict[str, float]:
     if missing:
         raise ValueError(f"{law.name} needs {', '.join(missing)} to predict (give e.g. "
                          f"{', '.join(f'{v}=1e9' for v in law.variables)})")
-    bad = [f"{v}={at[v]:g}" for v in law.variables if not at[v] > 0]
+    bad = [f"{v}={at[v]:g}" for v in law.variables if not (at[v] > 0 and math.isfinite(at[v]))]
     if bad:
-        raise ValueError(f"{law.name}: {', '.join(bad)}: must be positive")
+        raise ValueError(f"{law.name}: {', '.join(bad)}: must be positive and finite")
     return at
 
 

@@ -117,7 +117,7 @@ def pareto(data: Any, objectives: str | Sequence[tuple[str, str]], *, reference:
     front = valid[nondominated(points[valid])]
     front = front[np.lexsort(points[front].T[::-1])]
     ref = _reference(points[valid], reference, signs)
-    volume = hypervolume(points[front], ref) if len(objectives) <= 3 else None
+    volume = hypervolume(points[front], ref) if len(objectives) <= 3 and len(valid) else None
     if volume is None:
         notes.append("hypervolume is computed for up to 3 objectives")
     box = np.prod(ref - points[front].min(axis=0)) if len(front) else 0.0
@@ -305,6 +305,8 @@ def _reference(points: np.ndarray, given: Sequence[float] | None, signs: np.ndar
     if given is not None:
         if len(given) != len(signs):
             raise ValueError(f"reference has {len(given)} values for {len(signs)} objectives")
+        if not np.isfinite(np.asarray(given, dtype=float)).all():
+            raise ValueError(f"reference {', '.join(map(str, given))}: every value must be a finite number")
         return np.asarray(given, dtype=float) * signs
     if len(points) == 0:
         return np.full(len(signs), np.nan)

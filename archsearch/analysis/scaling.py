@@ -178,8 +178,8 @@ def extrapolated_front(data: Any, objectives: str | Sequence[tuple[str, str]], s
     loss_col = loss_col or objectives[0][0]
     if loss_col not in [c for c, _ in objectives]:
         raise ValueError(f"the loss column '{loss_col}' is not one of the objectives")
-    if not scale > 0:
-        raise ValueError(f"extrapolate to {n_col}={scale:g}: the scale must be positive")
+    if not (scale > 0 and np.isfinite(scale)):
+        raise ValueError(f"extrapolate to {n_col}={scale:g}: the scale must be positive and finite")
     table = as_table(data)
     fits = fit_scaling(table, laws=("N",), by=by, pool_arms=pool_arms, loss_col=loss_col, n_col=n_col,
                        d_col=None, bootstrap=bootstrap, level=level, seed=seed)

@@ -45,18 +45,57 @@ def _plain_strings(table: pa.Table) -> pa.Table:
     return table.cast(schema) if schema != table.schema else table
 
 
+# A results table is a few thousand rows of a few dozen columns; these bounds are far past
+# that and keep a hostile file (a 2 GB file of NUL bytes, a header of a million names) from
+# filling memory or taking minutes.
+MAX_CSV_BYTES = 100_000_000
+MAX_CSV_COLUMNS = 10_000
+
+
 def read_csv(path: str | Path) -> pa.Table:
-    """A CSV file as an Arrow table; a missing or unreadable file is a one-line ValueError."""
+    """A CSV file as an Arrow table; whatever is wrong with the file is a one-line ValueError.
+
+    Refused: a path that is not a regular file (a named pipe, a device, a folder), a file over
+    ``MAX_CSV_BYTES`` or with NUL bytes, a header of more than ``MAX_CSV_COLUMNS`` names or
+    naming a column twice, and a header with no rows under it.
+    """
     import pyarrow.csv as pacsv
 
+    from archsearch.files import FileKindError, kind_problem, read_head
+
     path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"{path}: no such file (give a CSV file with a header row)")
+    problem = kind_problem(path)
+    if problem is None and path.stat().st_size > MAX_CSV_BYTES:
+        problem = f"is larger than {MAX_CSV_BYTES:,} bytes"
     try:
-        return pacsv.read_csv(path)
+        data = b"" if problem else read_head(path, MAX_CSV_BYTES + 1)
+    except FileKindError as err:
+        problem = str(err)
+    if not problem and len(data) > MAX_CSV_BYTES:
+        problem = f"is larger than {MAX_CSV_BYTES:,} bytes"
+    elif not problem and b"\x00" in data:
+        problem = "is a binary file (it holds NUL bytes)"
+    if problem:
+        raise ValueError(f"{path}: {problem}, not a CSV file (give a CSV file with a header row)")
+    header = data.split(b"\n", 1)[0]
+    if header.count(b",") + 1 > MAX_CSV_COLUMNS:
+        raise ValueError(f"{path}: the header names {header.count(b',') + 1:,} columns, more than "
+                         f"{MAX_CSV_COLUMNS:,}; give a CSV of one row per trial and a column per measure")
+    try:
+        # one block for the whole file: a long field never straddles two blocks
+        options = pacsv.ReadOptions(block_size=max(len(data) + 1, 1 << 20))
+        table = pacsv.read_csv(pa.BufferReader(data), read_options=options)
     except (pa.ArrowInvalid, OSError, UnicodeDecodeError) as err:
         first = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise ValueError(f"{path}: cannot read as CSV: {first}") from None
+    seen: set[str] = set()
+    twice = [name for name in table.column_names if name in seen or seen.add(name)]
+    if twice:
+        raise ValueError(f"{path}: the header names column '{twice[0]}' more than once; rename or drop the "
+                         "copies so each column has one name")
+    if table.num_rows == 0:
+        raise ValueError(f"{path}: the header has no rows under it; give one row per trial")
+    return table
 
 
 def numeric_column(table: pa.Table, name: str, *, what: str = "column") -> np.ndarray:

@@ -55,11 +55,12 @@ class RunSummary:
     wall_time_s: float
     diverged: int = 0
     shared: int = 0  # completed with a twin's result (same spec, data, recipe, seed), not trained again
+    held: int = 0  # failed or diverged after execution.max_attempts attempts: left as they are
 
 
 def run_study(study: Study, *, store: str | Path = "archsearch.duckdb", address: str | None = None,
               max_parallel: int | None = None, show_progress: bool = True,
-              heartbeat_s: float | None = None) -> RunSummary:
+              heartbeat_s: float | None = None, retry_failed: bool = False) -> RunSummary:
     """Plan ``study``, train every trial the store has not finished, record all.
 
     ``address``: None for a private embedded Ray, or a cluster: "auto" (the
@@ -67,9 +68,11 @@ def run_study(study: Study, *, store: str | Path = "archsearch.duckdb", address:
     ``max_parallel`` overrides ``execution.max_parallel``. Progress goes to
     stderr: a bar on a terminal, else one line per finished trial and a
     heartbeat every ``heartbeat_s`` (default 30 s, or $ARCHSEARCH_HEARTBEAT_S).
+    A failed or diverged trial that has had ``execution.max_attempts``
+    attempts is left as it is (``held``) unless ``retry_failed``.
     Raises StoreError when another run is writing ``store``.
     """
-    from archsearch.search import make_searcher
+    from archsearch.search import make_searcher, out_of_attempts
 
     start = time.perf_counter()
     origin = study._origin
@@ -80,12 +83,17 @@ def run_study(study: Study, *, store: str | Path = "archsearch.duckdb", address:
         db.add_study(name=study.name, path=origin.path if origin else "", config=_config(study),
                      text=_file_text(origin.path) if origin else None)
         db.mark_interrupted()  # we hold the lock: whatever is still `running` lost its driver
-        searcher = make_searcher(study, store=str(store), known=db.trial_rows(), rungs=db.rung_rows())
+        known = db.trial_rows()
+        searcher = make_searcher(study, store=str(store), known=known, rungs=db.rung_rows(),
+                                 retry_failed=retry_failed)
         grid = study.search.sampler == "grid" and study.search.probe is None
+        held = 0
         if grid:  # the whole grid shows in `status` before anything runs
             trials = plan(study)
             db.add_trials(study.name, [t.to_dict() for t in trials])
-            planned, skipped = len(trials), len(trials) - searcher.expected
+            if not retry_failed:
+                held = sum(out_of_attempts(known.get(t.trial_id), study.execution.max_attempts) for t in trials)
+            planned, skipped = len(trials), len(trials) - searcher.expected - held
         counts = {"completed": 0, "failed": 0, "diverged": 0, "shared": 0}
         if not searcher.exhausted:
             preflight_checks(study, db, trials if grid else None)  # raises, before anything trains, on a leak
@@ -109,7 +117,7 @@ def run_study(study: Study, *, store: str | Path = "archsearch.duckdb", address:
             skipped = planned - sum(counts.values())
     return RunSummary(study=study.name, planned=planned, skipped=skipped, completed=counts["completed"],
                       failed=counts["failed"] + counts["diverged"], diverged=counts["diverged"],
-                      shared=counts["shared"], wall_time_s=time.perf_counter() - start)
+                      shared=counts["shared"], held=held, wall_time_s=time.perf_counter() - start)
 
 
 def _run_on_ray(searcher: Searcher, db: Store, study: Study, *, store: str | Path, address: str | None,

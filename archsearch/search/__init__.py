@@ -15,12 +15,20 @@ from archsearch.search.objectives import Objective, objective_values, parse_obje
 from archsearch.search.sampled import SampledSearch, search_journal
 
 
+def out_of_attempts(row: dict | None, max_attempts: int) -> bool:
+    """Whether a stored trial ended failed or diverged and has had ``max_attempts`` attempts:
+    a failure that repeats (a model too large, a learning rate that diverges) is not trained
+    again on every resume."""
+    return bool(row) and row["status"] in ("failed", "diverged") and (row.get("attempts") or 0) >= max_attempts
+
+
 def make_searcher(study, *, store: str, known: dict[str, dict],
-                  rungs: dict[str, dict[int, dict]] | None = None) -> Searcher:
+                  rungs: dict[str, dict[int, dict]] | None = None, retry_failed: bool = False) -> Searcher:
     """The searcher a study asks for. ``known``: finished trials already in
     the store (trial id -> row with status and results), so nothing finished
     is trained again and a resumed sampler is told what it missed. ``rungs``:
-    the rungs each trial of a multi-fidelity search reached before."""
+    the rungs each trial of a multi-fidelity search reached before. A grid
+    leaves out the trials ``out_of_attempts`` unless ``retry_failed``."""
     search = study.search
     if search.probe is not None:
         return ProbeSearch(study, known=known)
@@ -28,7 +36,9 @@ def make_searcher(study, *, store: str, known: dict[str, dict],
         from archsearch.planner import plan
 
         planned = plan(study)
-        inner = GridSearch([t for t in planned if known.get(t.trial_id, {}).get("status") != "completed"])
+        cap = study.execution.max_attempts
+        inner = GridSearch([t for t in planned if known.get(t.trial_id, {}).get("status") != "completed"
+                            and (retry_failed or not out_of_attempts(known.get(t.trial_id), cap))])
     else:
         inner = SampledSearch(study, journal=search_journal(store, study.name), known=known)
     if search.fidelity is None:
@@ -48,5 +58,5 @@ def _history(study, rungs: dict[str, dict[int, dict]], known: dict[str, dict]) -
             for trial_id, reached in rungs.items() if trial_id in ids}
 
 
-__all__ = ["GridSearch", "HalvingSearch", "Job", "Objective", "ProbeSearch", "spearman_interval", "rank_order", "SampledSearch", "Searcher", "make_searcher", "objective_values",
+__all__ = ["out_of_attempts", "GridSearch", "HalvingSearch", "Job", "Objective", "ProbeSearch", "spearman_interval", "rank_order", "SampledSearch", "Searcher", "make_searcher", "objective_values",
            "parse_objectives", "search_journal"]

@@ -134,12 +134,21 @@ _Loader.add_implicit_resolver(
     list("-+0123456789."))
 
 
+def _field(at: tuple) -> str | None:
+    """A value's path as the schema's errors write it: ``seeds[1]``, ``recipe.steps``."""
+    text = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in at).lstrip(".")
+    return text or None
+
+
 class _Walker:
     def __init__(self, loader: yaml.SafeLoader, path: str):
         self.loader = loader
         self.path = path
         self.lines: Lines = {}
         self.count = 0
+        # the mappings and lists being read, outermost first: an alias to one of them is a
+        # value that contains itself (`seeds: &a [0, *a]`), endless if read on
+        self.inside: list[yaml.Node] = []
 
     def value(self, node: yaml.Node, at: tuple) -> Any:
         self.count += 1
@@ -148,23 +157,37 @@ class _Walker:
                             line=node.start_mark.line + 1,
                             hint="YAML aliases nest too deeply; write the values out")
         self.lines.setdefault(at, node.start_mark.line + 1)
-        if isinstance(node, yaml.MappingNode):
-            return self._mapping(node, at)
-        if isinstance(node, yaml.SequenceNode):
-            return [self.value(item, at + (i,)) for i, item in enumerate(node.value)]
+        if isinstance(node, (yaml.MappingNode, yaml.SequenceNode)):
+            if any(node is outer for outer in self.inside):
+                raise SpecError("the value contains itself (an anchor holds its own alias)", path=self.path,
+                                line=self.lines[at], field=_field(at),
+                                hint="a YAML alias may only repeat a value defined before it, outside it") from None
+            self.inside.append(node)
+            try:
+                if isinstance(node, yaml.MappingNode):
+                    return self._mapping(node, at)
+                return [self.value(item, at + (i,)) for i, item in enumerate(node.value)]
+            finally:
+                self.inside.pop()
         try:
             return self.loader.construct_object(node)
         except (ValueError, OverflowError) as err:  # e.g. a date like 2020-13-45
             raise SpecError(f"cannot read value {node.value!r}: {err}", path=self.path,
-                            line=node.start_mark.line + 1, field=".".join(map(str, at)) or None,
+                            line=node.start_mark.line + 1, field=_field(at),
                             hint="quote it to keep it as text") from None
 
     def _mapping(self, node: yaml.MappingNode, at: tuple) -> dict:
+        self._no_self_merge(node, at)
         self.loader.flatten_mapping(node)
         out: dict = {}
         for key_node, value_node in node.value:
-            key = self.loader.construct_object(key_node)
             line = key_node.start_mark.line + 1
+            try:
+                key = self.loader.construct_object(key_node)
+            except (ValueError, OverflowError) as err:  # a key YAML reads as a date: 2020-13-45
+                raise SpecError(f"cannot read key {key_node.value!r}: {err}", path=self.path, line=line,
+                                field=_field(at + (key_node.value,)),
+                                hint="quote it to keep it as text") from None
             if not isinstance(key, (str, int, float, bool)):
                 raise SpecError("keys must be plain words", path=self.path, line=line)
             if key in out:
@@ -174,3 +197,15 @@ class _Walker:
             self.lines[at + (key,)] = line
             out[key] = self.value(value_node, at + (key,))
         return out
+
+    def _no_self_merge(self, node: yaml.MappingNode, at: tuple) -> None:
+        """Refuse ``<<: *alias`` where the alias names this mapping or one around it: PyYAML would
+        merge a mapping's keys into themselves and report each twice."""
+        for key_node, value_node in node.value:
+            if key_node.tag != "tag:yaml.org,2002:merge":
+                continue
+            merged = value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
+            if any(part is outer for part in merged for outer in self.inside):
+                raise SpecError("a mapping is merged into itself (<<: names an anchor around it)", path=self.path,
+                                line=key_node.start_mark.line + 1, field=_field(at),
+                                hint="merge only a mapping defined before and outside this one")

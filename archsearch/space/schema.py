@@ -299,6 +299,10 @@ class Execution(Strict):
         default="auto", description="trials at once; auto = as many as the cluster's CPUs (and GPUs) fit")
     threads_per_trial: int = Field(default=1, ge=1, le=1024, description="torch threads inside each trial")
     retries: int = Field(default=1, ge=0, le=10, description="re-runs of a trial whose worker died")
+    max_attempts: int = Field(
+        default=3, ge=1, le=100, description="attempts a trial gets over all runs of the study (worker retries "
+                                             "included) before run and resume leave a failed or diverged trial "
+                                             "as it is; resume --retry-failed trains such trials once more")
     workers_per_trial: int = Field(
         default=1, ge=1, le=1024, description="data-parallel workers training each trial (torch DDP: gloo on CPU, "
                                               "NCCL on GPU); each reserves cpus/gpus/memory and reads "
@@ -310,7 +314,10 @@ class Execution(Strict):
                              description="niceness of each trial's processes; default: the driver's on embedded "
                                          "Ray, the cluster's workers' on a cluster (lower needs privileges)")
     memory: Annotated[int | None, BeforeValidator(_memory_bytes), Field(ge=1)] = Field(
-        default=None, description="memory Ray reserves per trial: 4GiB, 512MB or bytes")
+        default=None, description="memory Ray reserves per trial: 4GiB, 512MB or bytes; plan refuses a trial "
+                                  "whose estimated peak exceeds it (default: this machine's memory)")
+    memory_check: bool = Field(default=True, description="refuse a trial whose estimated peak memory exceeds "
+                                                         "execution.memory or the machine's (--ignore-memory: false)")
     storage: str | None = Field(
         default=None, description="where checkpoints go, reachable from every node: a shared folder, or a "
                                   "URI pyarrow opens (s3://bucket/path, gs://..., file:///...); "

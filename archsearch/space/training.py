@@ -31,9 +31,10 @@ class Strict(BaseModel):
     """Frozen; unknown keys are errors rather than silent defaults; and values are
     not converted between types: ``num_layers: "4"`` (a quoted number) or
     ``exit_gate: 1`` is refused, so what a file says is what runs. An integer
-    is accepted where a float is asked."""
+    is accepted where a float is asked; NaN and infinities (`.nan`, `.inf`) are not
+    numbers a study can mean, and are refused."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 class HubSource(Strict):
@@ -172,7 +173,8 @@ class Recipe(Strict):
     beta2: float = Field(default=0.95, ge=0, lt=1, description="AdamW's second-moment decay")
     grad_clip: float = Field(default=1.0, gt=0, description="largest gradient norm")
     eval_every: int = Field(default=50, ge=1, description="steps between evaluations (and checkpoints)")
-    eval_batches: int = Field(default=4, ge=1, description="validation batches per evaluation, the same each time")
+    eval_batches: int = Field(default=4, ge=1, le=100_000,
+                              description="validation batches per evaluation, the same each time")
     autocast: Literal["auto", "bf16", "off"] = Field(default="auto", description="auto: bf16 on CUDA, off on CPU")
     compile: bool = Field(default=False, description="torch.compile the model")
     gate_steps: int = Field(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -21,7 +22,8 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from archsearch.errors import StoreError
+from archsearch.errors import StoreError, StoreFullError
+from archsearch.files import kind_problem, output_problem
 from archsearch.store.side import SideTables
 from archsearch.store.values import _finite, _now, code_version
 from archsearch.store.runlock import run_alive
@@ -99,6 +101,7 @@ class Store(SideTables):
 
     def __init__(self, path: str | Path, *, read_only: bool = False, lock_wait_s: float | None = None):
         self.path = str(path)
+        self.file = os.path.realpath(path)
         self.read_only = read_only
         # A writer waits longer: a reader's export may hold the file for seconds.
         self.lock_wait_s = lock_wait_s if lock_wait_s is not None else (20.0 if read_only else 120.0)
@@ -111,22 +114,26 @@ class Store(SideTables):
 
     @contextmanager
     def _connect(self) -> Iterator[duckdb.DuckDBPyConnection]:
-        """A connection for one piece of work, closed after it."""
+        """A connection for one piece of work, closed after it. A DuckDB error the file or its
+        disk caused (damaged, truncated, a full disk) becomes one StoreError naming the store."""
         deadline = time.monotonic() + self.lock_wait_s
         delay = 0.005
         while True:
             try:
-                con = duckdb.connect(self.path, read_only=self.read_only)
+                # the real path: DuckDB keeps its write-ahead log beside the name it opens, and a
+                # symlink's name must not give one file two logs
+                con = duckdb.connect(self.file, read_only=self.read_only)
                 break
             except duckdb.IOException as err:
                 if "lock" in str(err) and time.monotonic() > deadline:
                     raise StoreError(f"cannot open store {self.path}: {str(err).splitlines()[0]}; another process "
                                      "holds it: wait for it to finish, or pass another --store") from None
                 if "lock" not in str(err):
-                    raise StoreError(f"cannot open store {self.path}: {str(err).splitlines()[0]}; pass --store a "
-                                     "DuckDB file that archsearch wrote") from None
+                    raise _store_problem(self.path, err, read_only=self.read_only) from None
                 time.sleep(delay)
                 delay = min(2 * delay, 0.1)
+            except duckdb.Error as err:
+                raise _store_problem(self.path, err, read_only=self.read_only) from None
         try:
             yield con
         except (duckdb.InterruptException, RuntimeError) as err:
@@ -135,6 +142,10 @@ class Store(SideTables):
             if "interrupt" not in str(err).lower():
                 raise
             raise KeyboardInterrupt from None
+        except duckdb.Error as err:
+            if not _from_the_file(err):
+                raise  # a query of ours is wrong: our bug, with its traceback
+            raise _store_problem(self.path, err, read_only=self.read_only) from None
         finally:
             con.close()
 
@@ -350,8 +361,8 @@ class Store(SideTables):
     def trial_rows(self) -> dict[str, dict]:
         """Every trial's plan and result columns by trial id (for searches
         that must not train a finished trial again)."""
-        table = self.sql("SELECT trial_id, status, params, flops_per_token, state, val_loss, val_accuracy, "
-                         "tokens, tokens_per_s, train_loss FROM trials")
+        table = self.sql("SELECT trial_id, status, attempts, params, flops_per_token, state, val_loss, "
+                         "val_accuracy, tokens, tokens_per_s, train_loss FROM trials")
         return {row["trial_id"]: row for row in table.to_pylist()}
 
     def completed_plans(self) -> list[dict]:
@@ -416,10 +427,47 @@ class Store(SideTables):
         with self._connect() as con:
             for table in TABLES:
                 path = folder / f"{table}.parquet"
+                problem = output_problem(path)
+                if problem is not None:  # a named pipe there would block the COPY until someone reads it
+                    raise OSError(f"{path} {problem}")
                 quoted = path.as_posix().replace("'", "''")
-                con.execute(f"COPY {table} TO '{quoted}' (FORMAT parquet)")
+                try:
+                    con.execute(f"COPY {table} TO '{quoted}' (FORMAT parquet)")
+                except duckdb.IOException as err:
+                    if path.as_posix() not in str(err):
+                        raise  # reading the store failed, not writing the export
+                    raise OSError(str(err).splitlines()[0]) from None
                 out.append(path)
         return out
+
+
+# DuckDB's errors that a store's file or disk can cause, not a query of ours: reading a
+# truncated or overwritten file, writing to a full disk, a commit that could not be written.
+DAMAGE = (duckdb.IOException, duckdb.SerializationException, duckdb.InternalException,
+          duckdb.TransactionException, duckdb.FatalException)
+FULL_DISK = ("no space left", "disk quota", "file too large")
+NO_ACCESS = ("read-only file system", "permission denied", "operation not permitted")
+
+
+def _from_the_file(err: Exception) -> bool:
+    """Whether a DuckDB error comes from the store's file or disk (a checksum that fails is a
+    plain ``duckdb.Error``), not from the SQL that met it."""
+    return isinstance(err, DAMAGE) or "corrupt" in str(err).lower()
+
+
+def _store_problem(path: str, err: Exception, *, read_only: bool) -> StoreError:
+    """One line for a DuckDB error a store's file or disk caused: full (free space, then resume),
+    out of reach (permissions, a read-only disk) or damaged (restore it), with DuckDB's own first
+    line as the reason."""
+    reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+    if any(words in reason.lower() for words in FULL_DISK):
+        return StoreFullError(f"cannot write store {path}: {reason}; the disk is full: free space on it, "
+                              "then resume", path=path)
+    if any(words in reason.lower() for words in NO_ACCESS):
+        return StoreError(f"cannot open store {path}: {reason}; pass --store a path this user can "
+                          f"{'read' if read_only else 'write'} (reading commands open a store read-only)")
+    return StoreError(f"store {path} is damaged or not a DuckDB file archsearch wrote ({reason}); restore it "
+                      "from a copy or from its Parquet export (docs/execution.md), or pass another --store")
 
 
 def divergence(result: dict) -> str | None:
@@ -463,6 +511,18 @@ def open_store(path: str | Path = "archsearch.duckdb", *, read_only: bool = Fals
     Safe while a study writes it from another process: reads see that
     study's finished trials and the curves of those still training.
     """
-    if (read_only or must_exist) and not Path(path).exists():
+    problem = kind_problem(path)
+    if problem == "does not exist" and not (read_only or must_exist):
+        problem = None
+    if problem == "does not exist":
         raise StoreError(f"no store at {path}; run a study first (archsearch run STUDY) or pass --store PATH")
+    # DuckDB blocks opening a named pipe and reads a device: refuse what is not a file, the
+    # store's write-ahead log included
+    wal = f"{os.path.realpath(path)}.wal"
+    if problem is None and os.path.lexists(wal):
+        problem = kind_problem(wal)
+        if problem is not None:
+            problem = f"has a write-ahead log {wal} that {problem}"
+    if problem is not None:
+        raise StoreError(f"store {path} {problem}; pass --store a DuckDB file (or a new path)")
     return Store(path, read_only=read_only)

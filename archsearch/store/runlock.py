@@ -1,34 +1,85 @@
-"""The one run that writes a store, marked by an OS lock beside it.
+"""The one run that writes a store, marked by OS locks keyed by what the store is.
 
-A driver holds an exclusive ``flock`` on ``<store>.lock`` for as long as it
-runs. The kernel drops the lock when the process ends, however it ends
-(SIGKILL, a lost node's reboot), so a reader can tell a live run from trials
-a dead driver left ``running``, and a second run on the same store refuses
-in one line instead of interleaving its writes with the first's.
+A driver holds an exclusive ``flock`` for as long as it runs. The kernel
+drops it when the process ends, however it ends (SIGKILL, a lost node's
+reboot), so a reader can tell a live run from trials a dead driver left
+``running``, and a second run on the same store refuses in one line instead
+of interleaving its writes with the first's.
+
+A store can have several names: a symlink, a hard link, ``a/../b``. The lock
+follows the file, not the name: one lock file beside the store's resolved
+path (``<real path>.lock``, which also holds who runs) and, once the store
+exists, one keyed by its device and inode in the machine's temporary folder
+(``archsearch-locks/<dev>-<inode>.lock``), which a hard link in another
+folder shares. A run takes both; a reader through any name tests both.
 Torch-free.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
 import socket
+import stat
+import tempfile
 import time
+from contextlib import suppress
 from datetime import datetime, timezone
 from pathlib import Path
 
-from archsearch.errors import StoreError
+from archsearch.errors import StoreError, StoreFullError
+
+LOCK_FOLDER = "archsearch-locks"
 
 
 def lock_path(store: str | Path) -> Path:
-    return Path(f"{store}.lock")
+    """The lock beside the store's resolved path (symlinks and ``..`` followed)."""
+    return Path(f"{os.path.realpath(store)}.lock")
+
+
+def lock_paths(store: str | Path) -> list[Path]:
+    """Every lock file that stands for ``store``: beside its real path, and by inode once it exists."""
+    paths = [lock_path(store)]
+    try:
+        info = os.stat(store)
+    except OSError:
+        return paths
+    if stat.S_ISREG(info.st_mode):
+        paths.append(Path(tempfile.gettempdir()) / LOCK_FOLDER / f"{info.st_dev}-{info.st_ino}.lock")
+    return paths
+
+
+def _open_lock(path: Path, store: str) -> int:
+    """A descriptor on the lock file ``path`` (made if missing), which must be a regular file."""
+    shared = path.parent.name == LOCK_FOLDER
+    if shared and not path.parent.is_dir():
+        path.parent.mkdir(exist_ok=True)
+        with suppress(OSError):  # another user's run may have made it first
+            os.chmod(path.parent, 0o1777)  # every user's runs share it, as /tmp itself
+    try:
+        # O_NONBLOCK and O_NOFOLLOW: a lock that is a pipe or a link to a device is refused, not waited on
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    except OSError as err:
+        reason = "is a symlink" if err.errno == errno.ELOOP else err.strerror
+        raise StoreError(f"cannot lock store {store}: its lock {path} {reason}; remove {path} "
+                         "(no run holds it), or pass another --store") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise StoreError(f"cannot lock store {store}: its lock {path} is not a regular file; remove {path}, "
+                         "or pass another --store")
+    if shared:
+        with suppress(OSError):  # so another user's run on the same store can take it too
+            os.fchmod(fd, 0o666)
+    return fd
 
 
 class RunLock:
     """Held while one run writes ``store``; a context manager.
 
-    Raises StoreError (naming the run that holds it) when another run has it.
+    Raises StoreError (naming the run that holds it) when another run has
+    it, through whatever name that run opened the store by.
     """
 
     def __init__(self, store: str | Path, *, study: str, wait_s: float = 2.0):
@@ -37,16 +88,35 @@ class RunLock:
         # Readers take the lock shared for a moment to test liveness; a short
         # wait keeps such a probe from turning a fresh run away.
         self.wait_s = wait_s
-        self.fd: int | None = None
+        self.fds: list[int] = []
 
     def __enter__(self) -> RunLock:
-        path = lock_path(self.store)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         deadline = time.monotonic() + self.wait_s
+        try:
+            for path in lock_paths(self.store):
+                self.fds.append(self._take(_open_lock(path, self.store), deadline))
+        except BaseException:
+            self._release()
+            raise
+        holder = dict(study=self.study, pid=os.getpid(), host=socket.gethostname(),
+                      since=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"))
+        try:
+            for fd in self.fds:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, json.dumps(holder).encode(), 0)
+        except OSError as err:
+            self._release()
+            if err.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise StoreFullError(f"cannot write store {self.store}'s lock: {err.strerror}; the disk is full: "
+                                     "free space on it, then resume", path=self.store) from None
+            raise StoreError(f"cannot write store {self.store}'s lock: {err.strerror}; pass another --store") from None
+        return self
+
+    def _take(self, fd: int, deadline: float) -> int:
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
+                return fd
             except BlockingIOError:
                 if time.monotonic() > deadline:
                     holder = _read_holder(fd)
@@ -54,34 +124,34 @@ class RunLock:
                     raise StoreError(f"{self.store} is being written by another run ({holder}); wait for it to "
                                      "finish, or pass another --store") from None
                 time.sleep(0.05)
-        holder = dict(study=self.study, pid=os.getpid(), host=socket.gethostname(),
-                      since=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"))
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(holder).encode(), 0)
-        self.fd = fd
-        return self
+
+    def _release(self) -> None:
+        for fd in self.fds:
+            with suppress(OSError):
+                os.ftruncate(fd, 0)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+        self.fds = []
 
     def __exit__(self, *exc) -> None:
-        if self.fd is not None:
-            os.ftruncate(self.fd, 0)
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
-            os.close(self.fd)
-            self.fd = None
+        self._release()
 
 
 def run_alive(store: str | Path) -> bool:
-    """Whether a run holds ``store``'s lock now (False when none ever did)."""
-    path = lock_path(store)
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)  # closing drops a shared lock taken above
+    """Whether a run holds ``store``'s lock now, through any name of it (False when none ever did)."""
+    for path in lock_paths(store):
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                continue
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)  # closing drops a shared lock taken above
     return False
 
 

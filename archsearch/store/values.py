@@ -32,3 +32,4 @@ def _now() -> datetime:
 def _finite(value: float | None) -> float | None:
     """NaN and infinities are stored as NULL: JSON has no spelling for them."""
     return value if value is None or math.isfinite(value) else None
+
