@@ -269,3 +269,23 @@ def test_an_unreachable_baseline_is_refused_naming_its_partner(tmp_path):
     text = str(err.value)
     assert "\n" not in text and "trial (family=hrm" in text and "budget.targets[0]" in text
     assert "its iso_flop baseline: no width reaches target" in text and "closest is" in text
+
+
+def test_the_solvers_tolerance_is_its_own_bound():
+    """The solver's own refusal, without the planner's second check behind it: one layer of
+    steps of 64 reaches 1024 nearest a target of 1000 (+2.4%). A tolerance just below that
+    error refuses, naming the closest value; one equal to it accepts (the bound is inclusive)."""
+    from archsearch.budget import BudgetError, solve
+
+    error = 1024 / 1000 - 1
+
+    def solve_within(tolerance: float):
+        return solve(target=1000.0, make_spec=lambda d, w: (d, w), measure=lambda spec: float(spec[1]),
+                     num_layers=1, head_dim=16, mlp_ratio=4.0, multiple_of=64, tolerance=tolerance)
+
+    with pytest.raises(BudgetError, match=r"closest is 1024 \(\+2\.40%\)") as err:
+        solve_within(error * (1 - 1e-6))
+    assert err.value.closest == 1024
+    solution = solve_within(error)
+    assert solution.spec[1] == solution.achieved == 1024 and solution.match_error == error
+    assert solve_within(0.5).match_error == error  # the nearest, not merely one inside a loose bound
