@@ -184,7 +184,7 @@ class _Drain:
             if not self.running and not self.again and not self.shared_ready:
                 break
         with self.db.transaction() as con:
-            for trial, rung in getattr(self.searcher, "pruned", ()):
+            for trial, rung in self.searcher.pruned:
                 self.db.prune(trial.trial_id, rung=rung, rungs=self.searcher.rungs, con=con)
         return self.counts
 
@@ -335,13 +335,11 @@ class _Drain:
 def _store_search_records(searcher: Searcher, db: Store, study: str, *, con: Any = None) -> None:
     """What a search learnt beside its trials: a sampler's finished proposals
     (as they end), a fidelity ladder's rank correlation (once it is known)."""
-    records = getattr(searcher, "records", None)
-    if records:
-        db.record_proposals(study, records, con=con)
-        records.clear()
-    ladder = getattr(searcher, "ladder", None)
-    if ladder is not None:
-        db.record_ladder(study, ladder, con=con)
+    if searcher.records:
+        db.record_proposals(study, searcher.records, con=con)
+        searcher.records.clear()
+    if searcher.ladder is not None:
+        db.record_ladder(study, searcher.ladder, con=con)
 
 
 def _train_key(job: Job) -> str | None:

@@ -77,6 +77,9 @@ class SampledSearch:
         self.budget = study.search.trials
         self.known = known
         self.records: list[dict] = []  # finished proposals, for the store
+        self.ladder: dict | None = None  # (the Searcher protocol's: no ladder, no rungs, nothing pruned)
+        self.pruned: list[tuple[PlannedTrial, int]] = []
+        self.rungs = 1
         self._axes = axes_of(study.space)
         self._compiled = compile_expressions(study.space)
         self._check_ranges()
