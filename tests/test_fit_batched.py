@@ -22,7 +22,10 @@ PLANTED = {
     "chinchilla-like": (1.7, 400.0, 0.34, 0.005, 30, 1e7, 1e10),
     "small-models": (2.0, 3.0, 0.30, 0.003, 60, 1e3, 1e6),
     "steep": (1.2, 2e3, 0.8, 0.01, 20, 1e5, 1e8),
-    "shallow": (2.0, 5.0, 0.05, 0.003, 25, 1e6, 1e10),
+    # a shallow exponent over sizes wide enough that every resample keeps a floor: where E has
+    # none, the fits run down a flat ridge whose end depends on the BLAS's last bits (the
+    # no-floor test below compares those by the law they draw)
+    "shallow": (2.0, 5.0, 0.05, 0.003, 40, 1e3, 1e10),
 }
 
 

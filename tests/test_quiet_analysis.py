@@ -30,13 +30,25 @@ def tokens_and_loss(seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
     return tokens, (1.5 + 40 * N**-0.3) * (1 + 0.01 * rng.standard_normal(N.size))
 
 
+def runaway_fit():
+    """The first of these data sets whose bootstrap has a draw past exp's range: which seed gives
+    one depends on the BLAS's last bits (the fits run down a flat direction), so it is searched for."""
+    for seed in range(1, 40):
+        tokens, loss = tokens_and_loss(seed)
+        fit = F.fit_law({"N": N, "D": tokens}, loss, "ND", bootstrap=40, seed=0, grid=False)
+        if fit.draws[:, 1:3].max() > F.LOG_MAX:  # the case: exp of it overflows
+            return fit
+    raise AssertionError("no data set gave a runaway bootstrap draw")
+
+
 def test_a_runaway_bootstrap_draw_reads_as_unbounded_without_a_warning():
-    tokens, loss = tokens_and_loss()
-    fit = F.fit_law({"N": N, "D": tokens}, loss, "ND", bootstrap=40, seed=0, grid=False)
-    assert fit.draws[:, 1:3].max() > F.LOG_MAX  # the case: exp of it overflows
+    fit = runaway_fit()
     out = fit.to_dict()["estimates"]
-    assert out["B"]["value"] is not None and np.isfinite(out["B"]["value"])
-    assert all(np.isfinite(v) for name in ("E", "A", "alpha", "beta") for v in out[name].values())
+    runaway = [name for name, column in (("A", 1), ("B", 2)) if fit.draws[:, column].max() > F.LOG_MAX]
+    for name, parts in out.items():  # every estimate a number; every interval end a number or unbounded
+        assert parts["value"] is not None and np.isfinite(parts["value"]), name
+        assert all(end is None or np.isfinite(end) for end in (parts["low"], parts["high"])), name
+    assert any(out[name]["high"] is None for name in runaway)  # past exp's range: unbounded, not 1e308
     prediction = fit.predict(N=1e9, D=2e10).to_dict()
     assert prediction["loss"]["value"] is not None and prediction["prediction_interval"][0] is not None
 
