@@ -150,17 +150,18 @@ def copy_of_the_repository(into: Path) -> Path:
     return into
 
 
-def run_tests(copy: Path, tests: tuple[str, ...]) -> tuple[str, float]:
-    """``killed`` (a test failed, or they ran past TIMEOUT_S) or ``survived``, and the seconds taken."""
+def run_tests(copy: Path, tests: tuple[str, ...]) -> tuple[str, float, str]:
+    """``killed`` (a test failed, or they ran past TIMEOUT_S) or ``survived``, the seconds taken,
+    and the end of pytest's report."""
     env = dict(os.environ, PYTHONPATH=str(copy), PYTHONDONTWRITEBYTECODE="1")
     began = time.monotonic()
     try:
         done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests],
                               cwd=copy, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        return "killed (timeout)", time.monotonic() - began
+        return "killed (timeout)", time.monotonic() - began, ""
     outcome = "survived" if done.returncode == 0 else "killed" if done.returncode == 1 else f"error {done.returncode}"
-    return outcome, time.monotonic() - began
+    return outcome, time.monotonic() - began, (done.stdout + done.stderr)[-3000:]
 
 
 def main() -> int:
@@ -176,24 +177,26 @@ def main() -> int:
     results: list[tuple[Mutant, str]] = []
     with tempfile.TemporaryDirectory(prefix="archsearch-mutants-") as folder:
         copy = copy_of_the_repository(Path(folder))
-        baseline, seconds = run_tests(copy, tuple(sorted({t for m in chosen for t in m.tests})))
+        baseline, seconds, report = run_tests(copy, tuple(sorted({t for m in chosen for t in m.tests})))
         if baseline != "survived":
-            print(f"the unmutated tests do not pass ({baseline}); fix them first", file=sys.stderr)
+            print(f"{report}\nthe unmutated tests do not pass ({baseline}); fix them first", file=sys.stderr)
             return 2
         print(f"unmutated: pass ({seconds:.0f} s)", flush=True)
         for mutant in chosen:
             path = copy / mutant.path
             original = path.read_text()
             if original.count(mutant.old) != 1:
-                outcome, seconds = "stale (text not found once)", 0.0
+                outcome, seconds, report = "stale (text not found once)", 0.0, ""
             else:
                 path.write_text(original.replace(mutant.old, mutant.new))
                 try:
-                    outcome, seconds = run_tests(copy, mutant.tests)
+                    outcome, seconds, report = run_tests(copy, mutant.tests)
                 finally:
                     path.write_text(original)
             results.append((mutant, outcome))
             print(f"{outcome:18} {seconds:5.0f} s  {mutant.area:8} {mutant.what}", flush=True)
+            if outcome.startswith("error"):
+                print(report, flush=True)
     counted = [(m, o) for m, o in results if o.startswith(("killed", "survived"))]
     killed = sum(o.startswith("killed") for _, o in counted)
     print(f"\nscore: {killed} of {len(counted)} mutants killed"
