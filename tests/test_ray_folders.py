@@ -82,7 +82,7 @@ def test_the_sweep_reads_each_folder_once_and_removes_nothing_live(tmp_path, mon
     monkeypatch.setattr("builtins.open", lambda path, *a, **k: reads.append(path) or real_open(path, *a, **k))
     assert remove_dead_folders(str(tmp_path)) == []
     assert len(lookups) == 1 + 30  # this process once, then each live folder's driver
-    assert sorted(str(p) for p in reads if str(p).startswith(str(tmp_path))) == sorted(str(tmp_path / f"{PREFIX}{name}" / OWNER)
-                                             for name in [*(f"unmarked{i}" for i in range(60)),
-                                                          *(f"live{i}" for i in range(30))])
+    names = [*(f"unmarked{i}" for i in range(60)), *(f"live{i}" for i in range(30))]
+    markers = sorted(str(path) for path in reads if str(path).startswith(str(tmp_path)))
+    assert markers == sorted(str(tmp_path / f"{PREFIX}{name}" / OWNER) for name in names)
     assert len(list(tmp_path.iterdir())) == 90

@@ -4,8 +4,8 @@
     python tools/mutation_check.py pareto fit   # only the mutants of these areas
     python tools/mutation_check.py --list       # the mutants, without running anything
 
-Run on demand, not in CI: each mutant runs the tests aimed at its module (a
-minute or so each on a quiet machine). The work happens in a copy of the
+Run on demand, not in CI: each mutant runs the tests aimed at its module, in
+the tier ``TIER`` (no Ray, nothing slow; seconds to a minute or two each). The work happens in a copy of the
 repository's tracked files in a temporary folder, so a crash or an interrupt
 never leaves a planted defect in the working tree. A mutant is *killed* when
 its tests fail (or run past ``TIMEOUT_S``, which counts as caught: a defect
@@ -34,6 +34,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 600
+# the tiers a mutant's tests run in: no Ray and nothing marked slow (minutes each, for a handful of
+# mutants; the default-tier tests aimed at these modules are what this checks)
+TIER = "not ray and not slow and not gpu and not browser"
 
 
 @dataclass(frozen=True)
@@ -89,8 +92,8 @@ MUTANTS = [
            "the prefilter removes a pivot's equals"),
     Mutant("pareto", "archsearch/analysis/pareto.py", "REFERENCE_MARGIN = 0.1", "REFERENCE_MARGIN = 0.0", PARETO,
            "the default reference point's margin"),
-    Mutant("pareto", "archsearch/analysis/pareto.py", "            volume += stairs.area * (heights[n + 1] - heights[n])",
-           "            volume += stairs.area * (heights[n + 1] - heights[0])", PARETO,
+    Mutant("pareto", "archsearch/analysis/pareto.py", "volume += stairs.area * (heights[n + 1] - heights[n])",
+           "volume += stairs.area * (heights[n + 1] - heights[0])", PARETO,
            "the 3-D hypervolume's slab height"),
     # fit
     Mutant("fit", "archsearch/analysis/fit.py", "slope = np.clip(residual, -self.delta, self.delta)",
@@ -156,8 +159,8 @@ def run_tests(copy: Path, tests: tuple[str, ...]) -> tuple[str, float, str]:
     env = dict(os.environ, PYTHONPATH=str(copy), PYTHONDONTWRITEBYTECODE="1")
     began = time.monotonic()
     try:
-        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests],
-                              cwd=copy, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+        command = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m", TIER, *tests]
+        done = subprocess.run(command, cwd=copy, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
         return "killed (timeout)", time.monotonic() - began, ""
     outcome = "survived" if done.returncode == 0 else "killed" if done.returncode == 1 else f"error {done.returncode}"
