@@ -289,3 +289,46 @@ def test_the_solvers_tolerance_is_its_own_bound():
     solution = solve_within(error)
     assert solution.spec[1] == solution.achieved == 1024 and solution.match_error == error
     assert solve_within(0.5).match_error == error  # the nearest, not merely one inside a loose bound
+
+
+def test_of_the_fits_the_solver_keeps_the_width_nearest_the_mlp_ratio():
+    """``solve_for: d_model``: several d_model land within tolerance; the one kept has the mean
+    MLP width nearest ``mlp_ratio * d_model`` (in log ratio), checked against every candidate the
+    solver looked at."""
+    from archsearch.budget import solve
+
+    looked: list[tuple[int, int]] = []
+
+    def measure(spec):
+        looked.append(spec)
+        d, width = spec
+        return 12.0 * d * d + 3.0 * d * width  # attention-like plus MLP-like, per layer summed
+
+    target, tolerance, layers = 2.0e6, 0.02, 4
+    solution = solve(target=target, make_spec=lambda d, w: (d, w), measure=measure, num_layers=layers,
+                     head_dim=16, mlp_ratio=8 / 3, multiple_of=8, tolerance=tolerance)
+    fitting = {(d, w) for d, w in looked if abs(measure((d, w)) / target - 1) <= tolerance}
+    assert len({d for d, _ in fitting}) > 1  # a real choice between widths
+    d, width = solution.spec
+    assert abs(solution.match_error) <= tolerance
+
+    def off_ratio(candidate):
+        return abs(math.log(candidate[1] / (layers * candidate[0] * 8 / 3)))
+
+    assert off_ratio((d, width)) == min(off_ratio(c) for c in fitting)
+
+
+def test_a_target_below_the_smallest_model_says_so():
+    """Not "no width reaches": the target is below what one multiple per layer at the smallest
+    d_model already has, and the error names that smallest value."""
+    from archsearch.budget import BudgetError, solve
+
+    def measure(spec):
+        d, width = spec
+        return 100.0 * d + width
+
+    smallest = measure((16, 4 * 8))
+    with pytest.raises(BudgetError, match=r"below the smallest model \(1632\)") as err:
+        solve(target=0.75 * smallest, make_spec=lambda d, w: (d, w), measure=measure, num_layers=4, head_dim=16,
+              mlp_ratio=8 / 3, multiple_of=8, tolerance=0.3)
+    assert err.value.closest == smallest == 1632

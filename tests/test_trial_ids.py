@@ -65,6 +65,12 @@ def test_a_partner_changes_the_id_but_not_the_train_key(tiny_study):
     assert training_key(trial.spec.to_dict(), trial.recipe, trial.data, trial.seed) == trial.train_key
 
 
+def test_a_trial_without_a_partner_trains_under_its_own_id(tiny_study):
+    """The train key leaves out only the partner: for a trial without one it is the trial id."""
+    for trial in A.plan(A.load_study(tiny_study)):
+        assert trial.train_key == trial.trial_id
+
+
 def test_the_train_key_survives_the_store_round_trip(tiny_study):
     """The driver keys trained results by the store's JSON columns: they must give the key the
     planner gave."""
