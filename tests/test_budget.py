@@ -269,3 +269,66 @@ def test_an_unreachable_baseline_is_refused_naming_its_partner(tmp_path):
     text = str(err.value)
     assert "\n" not in text and "trial (family=hrm" in text and "budget.targets[0]" in text
     assert "its iso_flop baseline: no width reaches target" in text and "closest is" in text
+
+
+def test_the_solvers_tolerance_is_its_own_bound():
+    """The solver's own refusal, without the planner's second check behind it: one layer of
+    steps of 64 reaches 1024 nearest a target of 1000 (+2.4%). A tolerance just below that
+    error refuses, naming the closest value; one equal to it accepts (the bound is inclusive)."""
+    from archsearch.budget import BudgetError, solve
+
+    error = 1024 / 1000 - 1
+
+    def solve_within(tolerance: float):
+        return solve(target=1000.0, make_spec=lambda d, w: (d, w), measure=lambda spec: float(spec[1]),
+                     num_layers=1, head_dim=16, mlp_ratio=4.0, multiple_of=64, tolerance=tolerance)
+
+    with pytest.raises(BudgetError, match=r"closest is 1024 \(\+2\.40%\)") as err:
+        solve_within(error * (1 - 1e-6))
+    assert err.value.closest == 1024
+    solution = solve_within(error)
+    assert solution.spec[1] == solution.achieved == 1024 and solution.match_error == error
+    assert solve_within(0.5).match_error == error  # the nearest, not merely one inside a loose bound
+
+
+def test_of_the_fits_the_solver_keeps_the_width_nearest_the_mlp_ratio():
+    """``solve_for: d_model``: several d_model land within tolerance; the one kept has the mean
+    MLP width nearest ``mlp_ratio * d_model`` (in log ratio), checked against every candidate the
+    solver looked at."""
+    from archsearch.budget import solve
+
+    looked: list[tuple[int, int]] = []
+
+    def measure(spec):
+        looked.append(spec)
+        d, width = spec
+        return 12.0 * d * d + 3.0 * d * width  # attention-like plus MLP-like, per layer summed
+
+    target, tolerance, layers = 2.0e6, 0.02, 4
+    solution = solve(target=target, make_spec=lambda d, w: (d, w), measure=measure, num_layers=layers,
+                     head_dim=16, mlp_ratio=8 / 3, multiple_of=8, tolerance=tolerance)
+    fitting = {(d, w) for d, w in looked if abs(measure((d, w)) / target - 1) <= tolerance}
+    assert len({d for d, _ in fitting}) > 1  # a real choice between widths
+    d, width = solution.spec
+    assert abs(solution.match_error) <= tolerance
+
+    def off_ratio(candidate):
+        return abs(math.log(candidate[1] / (layers * candidate[0] * 8 / 3)))
+
+    assert off_ratio((d, width)) == min(off_ratio(c) for c in fitting)
+
+
+def test_a_target_below_the_smallest_model_says_so():
+    """Not "no width reaches": the target is below what one multiple per layer at the smallest
+    d_model already has, and the error names that smallest value."""
+    from archsearch.budget import BudgetError, solve
+
+    def measure(spec):
+        d, width = spec
+        return 100.0 * d + width
+
+    smallest = measure((16, 4 * 8))
+    with pytest.raises(BudgetError, match=r"below the smallest model \(1632\)") as err:
+        solve(target=0.75 * smallest, make_spec=lambda d, w: (d, w), measure=measure, num_layers=4, head_dim=16,
+              mlp_ratio=8 / 3, multiple_of=8, tolerance=0.3)
+    assert err.value.closest == smallest == 1632

@@ -18,6 +18,7 @@ import archsearch as A
 STUDY = Path(__file__).resolve().parents[1] / "studies" / "quickstart.yaml"
 
 # The entry point with a temporary folder whose finalizer runs at exit, and an atexit handler that says it ran.
+# The thread prints once the main thread has ended (not after a sleep the command might outlast).
 PROGRAM = """
 import atexit, sys, tempfile, threading, time
 from archsearch.cli import entry
@@ -25,7 +26,11 @@ folder = tempfile.TemporaryDirectory(prefix="archsearch-exit-test-")
 print(folder.name, file=sys.stderr, flush=True)
 atexit.register(print, "handler ran", file=sys.stderr)
 if sys.argv[1] == "thread":
-    threading.Thread(target=lambda: (time.sleep(0.3), print("thread finished", file=sys.stderr))).start()
+    def after_main():
+        while threading.main_thread().is_alive():
+            time.sleep(0.01)
+        print("thread finished", file=sys.stderr)
+    threading.Thread(target=after_main).start()
 sys.argv = ["archsearch", *sys.argv[2:]]
 entry()
 """

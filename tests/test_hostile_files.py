@@ -198,3 +198,13 @@ def test_the_memory_limit_bites():
     """The harness itself: a case that takes 2 GB fails inside the child instead of succeeding."""
     status, value = in_limits(bytearray, 2 << 30)
     assert (status, value[0]) == ("raised", "MemoryError")
+
+
+def test_a_valid_study_plans_in_the_same_harness(tmp_path):
+    """The positive control: the harness and ``plan`` succeed on a study that is fine, so the
+    corpus's failures are the files', not the harness's."""
+    study = tmp_path / "study.yaml"
+    study.write_text("name: fine\nspace:\n  axes:\n    num_layers: 2\nbudget:\n  targets: [5.0e+4]\n"
+                     "  tolerance: 0.05\n")
+    code, stderr = run_limited("plan", str(study))
+    assert code == 0 and "Traceback" not in stderr, stderr

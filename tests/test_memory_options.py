@@ -65,6 +65,27 @@ def test_a_planned_memory_sits_between_the_halves(tmp_path, corpus):
     assert (below, above) == (3, 3)
 
 
+@pytest.mark.parametrize("num_layers, placement", [(1, 0), (2, 0), (6, 2), (7, 2), (8, 3)])
+def test_a_spec_without_a_placement_sits_between_the_halves(num_layers, placement):
+    """The structure's own default, at depths where it is not 0 (every spec the other tests
+    build without a placement has 3 layers, where the default is 0 too)."""
+    spec = memory(widths=(40,) * num_layers, slots=2, segment=4)
+    assert "placement" not in spec.options
+    assert memory_options(spec).placement == placement
+    assert build_model(spec).placement == placement
+
+
+def test_the_planner_writes_the_structures_default(tmp_path, corpus):
+    """A planned trial writes its placement out (it is part of the id), and it is the one the
+    structure would pick on its own."""
+    (trial,) = A.plan(A.load_study(_memory_study(tmp_path, corpus)))
+    unwritten = dict(trial.spec.options)
+    del unwritten["placement"]
+    from dataclasses import replace
+
+    assert trial.spec.options["placement"] == memory_options(replace(trial.spec, options=unwritten)).placement == 2
+
+
 def test_a_written_placement_still_wins(tmp_path, corpus):
     (trial,) = A.plan(A.load_study(_memory_study(tmp_path, corpus, memory_axes="memory: {placement: 0}")))
     assert memory_options(trial.spec).placement == 0

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import importlib
 import itertools
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from archsearch import analysis
 from archsearch.analysis import hypervolume, nondominated, pareto, pareto_front, parse_objectives
 from tests.analysis_support import cli_json, one_line_error, write_store
+
+# the module (``archsearch.analysis.pareto`` the attribute is the function)
+pareto_module = importlib.import_module("archsearch.analysis.pareto")
 
 ROWS = [dict(id=i, loss=loss, params=p, speed=s) for i, (loss, p, s) in enumerate(
     [(3.0, 10, 5.0), (2.5, 20, 4.0), (2.6, 30, 9.0), (2.0, 40, 1.0), (3.5, 5, 2.0), (2.5, 25, 3.0)])]
@@ -19,8 +23,12 @@ ROWS = [dict(id=i, loss=loss, params=p, speed=s) for i, (loss, p, s) in enumerat
 
 def brute_front(points: np.ndarray) -> list[int]:
     """Every row no other row is no worse than everywhere and better than somewhere."""
-    return [i for i, p in enumerate(points)
-            if not any((q <= p).all() and (q < p).any() for q in points)]
+    points = np.asarray(points, dtype=float)
+    if len(points) == 0:
+        return []
+    no_worse = (points[None, :, :] <= points[:, None, :]).all(axis=-1)  # [i, j]: row j no worse than row i
+    better = (points[None, :, :] < points[:, None, :]).any(axis=-1)
+    return np.flatnonzero(~(no_worse & better).any(axis=1)).tolist()
 
 
 def brute_volume(points: np.ndarray, reference: np.ndarray) -> int:
@@ -67,6 +75,53 @@ def test_front_and_hypervolume_agree_with_brute_force(case):
         # Shift every objective so the reference sits at 6 in minimised units.
         shifted = points * signs + np.where(signs > 0, 0, 5)
         assert hypervolume(shifted[front.indices], np.full(k, 6.0)) == brute_volume(shifted, np.full(k, 6))
+
+
+def near_a_surface(seed: int, rows: int, k: int, high: int, noise: int) -> np.ndarray:
+    """``rows`` integer points on the plane where the objectives sum to ``(k - 1) * high``, each
+    raised by up to ``noise``: many points near the front (so the prefilter's pivots dominate
+    few of them) and many ties (so the sweeps' tie rules decide)."""
+    rng = np.random.default_rng(seed)
+    free = rng.integers(0, high + 1, size=(rows, k - 1))
+    last = (k - 1) * high - free.sum(axis=1) + rng.integers(0, noise + 1, size=rows)
+    return np.column_stack([free, last]).astype(float)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, database=None)
+@given(seed=st.integers(0, 2**32 - 1), rows=st.integers(50, 400), k=st.sampled_from([3, 4]),
+       high=st.integers(6, 12), noise=st.integers(1, 4))
+def test_fronts_of_large_tables_agree_with_brute_force(seed, rows, k, high, noise):
+    """Past the 16-pivot prefilter: only tables where the sweep, not the prefilter, removes some
+    dominated points are kept (nearly all of them), so the sweep's tie rule decides the front."""
+    points = near_a_surface(seed, rows, k, high, noise)
+    unique, _ = pareto_module._unique_rows(points)
+    alive = unique[~pareto_module._dominated_by_pivots(unique)]
+    assume(len(brute_front(alive)) < len(alive))
+    front = nondominated(points)
+    assert front.tolist() == brute_front(points)
+    if k == 3:
+        reference = points.max(axis=0) + 1
+        assert hypervolume(points[front], reference) == brute_volume(points, reference)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(3, 4).flatmap(lambda k: st.lists(st.lists(st.integers(0, 4), min_size=k, max_size=k),
+                                                    min_size=1, max_size=60)))
+def test_the_sweeps_alone_agree_with_brute_force(values):
+    """The 3-objective staircase sweep and the n-objective sweep called directly, with no prefilter
+    in front: on distinct rows in lexicographic order (what ``nondominated`` hands them)."""
+    unique, _ = pareto_module._unique_rows(np.array(values, dtype=float))
+    sweep = pareto_module._nondominated_3d if unique.shape[1] == 3 else pareto_module._nondominated_nd
+    assert np.flatnonzero(sweep(unique)).tolist() == brute_front(unique)
+
+
+def test_the_staircase_covers_a_point_it_ties():
+    """A point equal to a staircase point on both objectives is covered (no worse on both)."""
+    stairs = pareto_module._Staircase()
+    stairs.insert(1.0, 3.0)
+    stairs.insert(2.0, 2.0)
+    assert stairs.covers(2.0, 2.0) and stairs.covers(1.0, 3.0) and stairs.covers(2.5, 2.0)
+    assert not stairs.covers(0.5, 3.0) and not stairs.covers(1.5, 2.5)
 
 
 def test_hypervolume_of_a_hand_drawn_staircase():

@@ -12,7 +12,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from archsearch.execute.cluster import OWNER, PREFIX, _started, claim, remove_dead_folders
@@ -66,14 +65,24 @@ def test_only_folders_whose_driver_is_gone_are_removed(tmp_path):
     assert json.loads((live / OWNER).read_text()) == me
 
 
-def test_the_sweep_adds_nothing_noticeable_to_a_start(tmp_path):
-    """90 leftover folders (as many as this machine's /tmp held): about a
-    millisecond, against the seconds Ray takes to start."""
+def test_the_sweep_reads_each_folder_once_and_removes_nothing_live(tmp_path, monkeypatch):
+    """90 leftover folders (as many as one machine's /tmp held): the sweep costs one marker read
+    and at most one process lookup per folder (a millisecond or so, against the seconds Ray
+    takes to start; counted here, not timed, so a loaded machine cannot fail it)."""
+    from archsearch.execute import cluster
+
     me = dict(host=socket.gethostname(), pid=os.getpid(), started=_started(os.getpid()))
     for i in range(60):
         folder(tmp_path, f"unmarked{i}")
     for i in range(30):
         folder(tmp_path, f"live{i}", me)
-    start = time.perf_counter()
+    lookups, reads = [], []
+    monkeypatch.setattr(cluster, "_started", lambda pid: lookups.append(pid) or _started(pid))
+    real_open = open
+    monkeypatch.setattr("builtins.open", lambda path, *a, **k: reads.append(path) or real_open(path, *a, **k))
     assert remove_dead_folders(str(tmp_path)) == []
-    assert time.perf_counter() - start < 0.2
+    assert len(lookups) == 1 + 30  # this process once, then each live folder's driver
+    names = [*(f"unmarked{i}" for i in range(60)), *(f"live{i}" for i in range(30))]
+    markers = sorted(str(path) for path in reads if str(path).startswith(str(tmp_path)))
+    assert markers == sorted(str(tmp_path / f"{PREFIX}{name}" / OWNER) for name in names)
+    assert len(list(tmp_path.iterdir())) == 90

@@ -261,3 +261,21 @@ def test_a_sampled_study_runs_on_ray_into_the_store_and_grows(tmp_path):
     for p in proposals:  # the value told is the trial's own validation loss
         ids = json.loads(p["trial_ids"])
         assert json.loads(p["values"])[0] == pytest.approx(sum(done[i] for i in ids) / len(ids))
+
+
+@pytest.mark.parametrize("sampler", ["random", "tpe", "nsga2", "cmaes", "gp"])
+def test_optunas_experimental_warnings_are_silenced_inside_the_search_only(tmp_path, sampler):
+    """A search uses experimental Optuna features on purpose and says nothing of them, but the
+    caller's warning filters are left as they were (no process-wide 'ignore' added)."""
+    import warnings
+
+    import optuna
+
+    before = list(warnings.filters)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", optuna.exceptions.ExperimentalWarning)  # any that escapes fails
+        search = open_search(write_study(tmp_path, sampler=sampler, trials=6), tmp_path / "s.duckdb")
+        assert len(drive(search)) == 6
+        inside = list(warnings.filters)
+    assert warnings.filters == before
+    assert not any(f[0] == "ignore" and f[2] is optuna.exceptions.ExperimentalWarning for f in inside)

@@ -7,7 +7,7 @@ study or raises SpecError: never another exception.
 from __future__ import annotations
 
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import archsearch as A
@@ -22,31 +22,43 @@ SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6), st.flo
 TREES = st.recursive(SCALARS, lambda inner: st.one_of(
     st.lists(inner, max_size=4), st.dictionaries(st.sampled_from(KEYS), inner, max_size=5)), max_leaves=25)
 
-SETTINGS = settings(max_examples=150, deadline=5000, derandomize=True, database=None,
+# No deadline: a loaded machine can stall any example past one; a hang shows as a run that never ends.
+SETTINGS = settings(max_examples=150, deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
+# The positive control of each fuzzer: a study that loads, among its examples, must load (a loader
+# that refused everything in one SpecError would otherwise pass every fuzzer here).
+VALID_TREE = {"name": "p", "space": {"axes": {"num_layers": 2}}, "budget": {"targets": [5e4], "tolerance": 0.05}}
 
-def load(path) -> None:
+
+def load(path) -> A.Study | None:
+    """The study, or None where loading refused it in a SpecError (any other exception fails)."""
     try:
-        A.load_study(path)
+        return A.load_study(path)
     except A.SpecError:
-        pass
+        return None
 
 
 @SETTINGS
+@example(data=yaml.safe_dump(VALID_TREE).encode())
 @given(data=st.binary(max_size=400))
 def test_arbitrary_bytes_never_crash(tmp_path, data):
     path = tmp_path / "study.yaml"
     path.write_bytes(data)
-    load(path)
+    study = load(path)
+    if data == yaml.safe_dump(VALID_TREE).encode():
+        assert study is not None and study.name == "p"
 
 
 @SETTINGS
+@example(tree=VALID_TREE)
 @given(tree=TREES)
 def test_arbitrary_yaml_structures_never_crash(tmp_path, tree):
     path = tmp_path / "study.yaml"
     path.write_text(yaml.safe_dump(tree))
-    load(path)
+    study = load(path)
+    if tree == VALID_TREE:
+        assert study is not None and study.name == "p"
 
 
 # Constraints drawn from the expression grammar (space/expr.py): names of the

@@ -137,25 +137,45 @@ def test_a_store_and_a_read_only_store_work_side_by_side_in_one_process(tmp_path
             assert reader.trials("s").num_rows == 1
 
 
-def test_a_reader_waits_out_another_process_writing(tmp_path):
-    """A write lock held briefly by another process delays a read instead of failing it."""
+def test_a_reader_waits_out_another_process_writing(tmp_path, monkeypatch):
+    """A write lock held by another process delays a read instead of failing it. The holder
+    lets go only once the reader has met its lock and backed off (its first wait), so the read
+    always waits, and never by a sleep that a loaded machine could outlast."""
     import subprocess
     import sys
+
+    from archsearch.store import duck
 
     path = tmp_path / "s.duckdb"
     with A.open_store(path) as store:
         store.add_study(name="s", path="s.yaml", config={})
     holder = subprocess.Popen([sys.executable, "-c", (
-        "import duckdb, sys, time\n"
+        "import duckdb, sys\n"
         f"con = duckdb.connect({str(path)!r})\n"
         "print('held', flush=True)\n"
-        "time.sleep(1.0)\n"
-        "con.close()\n")], stdout=subprocess.PIPE, text=True)
+        "sys.stdin.readline()\n"
+        "con.close()\n"
+        "print('released', flush=True)\n")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    waits: list[float] = []
+    real_sleep = duck.time.sleep
+
+    def back_off(seconds: float) -> None:
+        if not waits:  # the reader met the lock: now let the holder go
+            holder.stdin.write("go\n")
+            holder.stdin.flush()
+            assert holder.stdout.readline().strip() == "released"
+        waits.append(seconds)
+        real_sleep(seconds)
+
     try:
         assert holder.stdout.readline().strip() == "held"
+        monkeypatch.setattr(duck.time, "sleep", back_off)
         with A.open_store(path, read_only=True) as reader:
             assert reader.studies().num_rows == 1
+        assert waits, "the reader never met the holder's lock"
     finally:
+        if holder.poll() is None:
+            holder.kill()
         holder.wait(timeout=30)
 
 

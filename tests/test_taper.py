@@ -149,3 +149,22 @@ def test_rounded_widths_keep_the_shape_and_the_total(shape, ratio, num_layers, m
     shares = [r * units / num_layers for r in profile(shape, num_layers, ratio)]
     if min(shares) >= 1:
         assert all(abs(w / multiple_of - s) < 1 for w, s in zip(widths, shares)), (widths, shares)
+
+
+def test_the_cached_widths_are_the_computed_ones_and_cannot_be_changed_through_a_result():
+    """``_widths`` is memoised (the solver asks for the same totals at many d_model): past the
+    cache, on every shape (mirrored ones reverse a cached tuple), the widths equal a fresh
+    computation, and editing a returned list changes nothing the next caller gets."""
+    from archsearch.arch import taper
+
+    taper._widths.cache_clear()
+    for shape in SHAPES:
+        for num_layers, units in ((1, 3), (5, 17), (12, 100)):
+            first = taper_widths(shape=shape, ratio=3.0, num_layers=num_layers, total=8 * units)
+            first[0] += 8  # a caller's edit
+            hits = taper._widths.cache_info().hits
+            cached = taper_widths(shape=shape, ratio=3.0, num_layers=num_layers, total=8 * units)
+            assert taper._widths.cache_info().hits > hits  # this one came from the cache
+            taper._widths.cache_clear()
+            fresh = taper_widths(shape=shape, ratio=3.0, num_layers=num_layers, total=8 * units)
+            assert cached == fresh and sum(fresh) == 8 * units, (shape, num_layers)

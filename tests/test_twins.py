@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import archsearch as A
-from archsearch.execute.driver import _Drain
+from archsearch.execute.driver import _Scheduler
 from archsearch.execute.progress import TrialProgress
 from archsearch.planner import twin_lines
 from archsearch.search import GridSearch, Job
@@ -115,8 +115,8 @@ RESULT = dict(train_loss=2.0, val_loss=2.5, val_accuracy=0.3, steps=4, tokens=19
                   dict(step=4, tokens=192, train_loss=2.0, val_loss=2.5, val_accuracy=0.3, lr=1e-3)])
 
 
-def drain(db, trials) -> _Drain:
-    return _Drain(GridSearch(trials), db, None, study="twins", store=db.path, storage=None, threads=1, retries=0,
+def scheduler(db, trials) -> _Scheduler:
+    return _Scheduler(GridSearch(trials), db, None, study="twins", store=db.path, storage=None, threads=1, retries=0,
                   progress=TrialProgress(total=len(trials), enabled=False), workers={}, kernels={})
 
 
@@ -136,7 +136,7 @@ def test_twins_asked_together_train_once_and_both_rows_get_the_result(tmp_path):
     owner, twin = base[1, 0], base[2, 0]
     db = A.open_store(tmp_path / "s.duckdb")
     db.add_trials("twins", [t.to_dict() for t in trials])
-    d = drain(db, [owner, twin])
+    d = scheduler(db, [owner, twin])
     started = d._ask(4)
     assert [job.trial.trial_id for job in started] == [owner.trial_id]  # the twin is not started
     d._write([], [(job, 1) for job in started])
@@ -164,7 +164,7 @@ def test_a_trial_proposed_again_while_it_trains_keeps_its_curve_and_counts_once(
     trial = baselines(trials)[1, 0]
     db = A.open_store(tmp_path / "s.duckdb")
     db.add_trials("twins", [trial.to_dict()])
-    d = drain(db, [trial, trial])
+    d = scheduler(db, [trial, trial])
     started = d._ask(4)
     assert [job.trial.trial_id for job in started] == [trial.trial_id]
     d._write([], [(job, 1) for job in started])
@@ -201,7 +201,7 @@ def test_a_twin_whose_twin_finished_before_a_crash_is_filled_without_training(tm
     db.finish(owner.trial_id, RESULT)
     db.mark_running(twin.trial_id)
     db.mark_interrupted()
-    counts = drain(db, [twin]).run(2)  # task None: anything started would fail here
+    counts = scheduler(db, [twin]).run(2)  # task None: anything started would fail here
     assert counts == {"completed": 0, "failed": 0, "diverged": 0, "shared": 1}
     got = rows(db)[twin.trial_id]
     assert (got["status"], got["val_loss"], got["same_as"]) == ("completed", 2.5, owner.trial_id)
@@ -228,7 +228,7 @@ def test_a_failed_training_fails_its_waiting_twin_with_the_same_error(tmp_path):
     base = baselines(trials)
     db = A.open_store(tmp_path / "s.duckdb")
     db.add_trials("twins", [t.to_dict() for t in trials])
-    d = drain(db, [base[1, 0], base[2, 0]])
+    d = scheduler(db, [base[1, 0], base[2, 0]])
     started = d._ask(4)
     d._write([], [(job, 1) for job in started])
     d._write(d._with_twins([(started[0], "failed", "RuntimeError: out of memory", 1.0, None)]), [])

@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from archsearch.arch.spec import ArchSpec, LayerSpec
+from archsearch.arch.structures.memory_counts import default_placement
 from archsearch.arch.taper import taper_widths
 from archsearch.space.schema import MAMBA2_AXES, ModelOptions
 
@@ -112,8 +113,8 @@ def _structure(point: Mapping[str, Any]) -> tuple[str, dict]:
         return "universal", {"steps": point["loops"]}
     if family == "memory":
         placement = point["memory.placement"]
-        if placement is None:  # between the halves, the structure's own default (memory_options)
-            placement = max(0, point["num_layers"] // 2 - 1)
+        if placement is None:  # written out (it is part of the trial id), but the structure's default
+            placement = default_placement(point["num_layers"])
         options = {"placement": placement, "slots": point["memory.slots"], "segment": point["memory.segment"]}
         if point["memory.width"]:  # 0 keeps the structure's default width
             options["memory_dim"] = point["memory.width"]

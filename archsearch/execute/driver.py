@@ -156,14 +156,16 @@ def _drain(searcher: Searcher, db: Store, study: Study, *, store: str | Path, ma
     if needs["memory"]:
         options["memory"] = needs["memory"]
     task = ray.remote(num_returns="streaming", **options)(_trial_task)
-    return _Drain(searcher, db, task, study=study.name, store=store, storage=_storage(study),
-                  threads=execution.threads_per_trial, retries=execution.retries, progress=progress,
-                  workers=dict(count=workers, options=options), kernels=kernel_settings(),
-                  nice=execution.nice).run(width)
+    return _Scheduler(searcher, db, task, study=study.name, store=store, storage=_storage(study),
+                      threads=execution.threads_per_trial, retries=execution.retries, progress=progress,
+                      workers=dict(count=workers, options=options), kernels=kernel_settings(),
+                      nice=execution.nice).run(width)
 
 
-class _Drain:
-    """Keeps ``width`` trials running and records everything they report.
+class _Scheduler:
+    """The run's scheduler: keeps ``width`` trials running on Ray (a dead
+    worker's job queued again, a twin held back for the training it shares)
+    and records everything they report.
 
     What a pass through the loop gathers (results, failures, the trials it
     starts, the search's records, and evaluation points at most
@@ -181,18 +183,19 @@ class _Drain:
         self.store, self.storage, self.threads, self.retries, self.progress = store, storage, threads, retries, progress
         self.counts = {"completed": 0, "failed": 0, "diverged": 0, "shared": 0}
         self.running: dict[Any, tuple[Job, int, float]] = {}  # generator -> job, attempt, started
-        self.again: deque[tuple[Job, int]] = deque()  # retries of jobs whose worker died
+        self.retry_queue: deque[tuple[Job, int]] = deque()  # jobs whose worker died, with their next attempt
         self.points: list[tuple[str, dict]] = []  # evaluations not yet written
         self.points_since = time.monotonic()
-        # twins (see the module's docstring), by train key: the trial that trained (or trains) it
-        # and its result, the waiting twins, the twins handed out this pass, their ends to write
+        # twins (see the module's docstring), by train key: the trial that trained it and its result;
+        # the job training it now and the twins waiting for that job; then the twins handed out this
+        # pass (their rows to add) and the twins whose result was already trained (to end next pass)
         self.trained: dict[str, tuple[str, dict]] = {
             training_key(row["spec"], row["recipe"], row["data"], row["seed"]): (row["trained"], _result(row))
             for row in db.completed_plans()}
-        self.leading: dict[str, Job] = {}
-        self.riders: dict[str, list[Job]] = {}
-        self.joining: list[Job] = []
-        self.shared_ready: list[tuple] = []
+        self.training: dict[str, Job] = {}
+        self.waiting_twins: dict[str, list[Job]] = {}
+        self.twins_to_add: list[Job] = []
+        self.twins_with_results: list[tuple] = []
 
     def run(self, width: int) -> dict[str, int]:
         while True:
@@ -200,13 +203,13 @@ class _Drain:
             for job, kind, value, _, _ in ended:  # told first, so a search can promote at once
                 self.searcher.tell(job, value if kind == "result" and not divergence(value) else None)
             starting = []
-            while self.again and len(self.running) + len(starting) < width:
-                starting.append(self.again.popleft())
+            while self.retry_queue and len(self.running) + len(starting) < width:
+                starting.append(self.retry_queue.popleft())
             room = width - len(self.running) - len(starting)
             if room > 0:
                 starting += [(job, 1) for job in self._ask(room)]
             due = self.points and time.monotonic() - self.points_since >= POINTS_EVERY_S
-            if ended or starting or due or self.joining:
+            if ended or starting or due or self.twins_to_add:
                 self._write(ended, starting)
             # Started only once the store says so: a kill in between leaves
             # them `running` with no driver, which reads as interrupted.
@@ -214,10 +217,10 @@ class _Drain:
                 self._submit(job, attempt=attempt)
             self.progress.update(completed=self.counts["completed"] + self.counts["shared"],
                                  running=len(self.running), failed=self.counts["failed"] + self.counts["diverged"])
-            if not self.running and not self.again and not self.shared_ready:
+            if not self.running and not self.retry_queue and not self.twins_with_results:
                 break
         with self.db.transaction() as con:
-            for trial, rung in getattr(self.searcher, "pruned", ()):
+            for trial, rung in self.searcher.pruned:
                 self.db.prune(trial.trial_id, rung=rung, rungs=self.searcher.rungs, con=con)
         return self.counts
 
@@ -231,16 +234,16 @@ class _Drain:
                 key = _train_key(job)
                 if key in self.trained:
                     source, result = self.trained[key]
-                    self.shared_ready.append((job, "result", result, 0.0, source))
-                elif key in self.leading:
-                    self.riders.setdefault(key, []).append(job)
+                    self.twins_with_results.append((job, "result", result, 0.0, source))
+                elif key in self.training:
+                    self.waiting_twins.setdefault(key, []).append(job)
                 else:
                     if key is not None:
-                        self.leading[key] = job
+                        self.training[key] = job
                     out.append(job)
                     room -= 1
                     continue
-                self.joining.append(job)
+                self.twins_to_add.append(job)
                 absorbed += 1
             if not jobs or not absorbed:  # asked again only for the slots its twins left free
                 break
@@ -250,17 +253,17 @@ class _Drain:
         """``ended``, each trained trial followed by the twins that waited for it, after the twins
         that found their result already trained: ``(job, kind, value, wall_s, source)``, where
         ``source`` is the trial whose training a twin shares (None for a trial that trained)."""
-        out, self.shared_ready = self.shared_ready, []
+        out, self.twins_with_results = self.twins_with_results, []
         for entry in ended:
             out.append(entry)
             job, kind, value = entry[:3]
             key = _train_key(job)
-            if key is None or self.leading.get(key) is not job:
+            if key is None or self.training.get(key) is not job:
                 continue
-            del self.leading[key]
+            del self.training[key]
             if kind == "result" and not divergence(value):
                 self.trained[key] = (job.trial.trial_id, value)
-            out += [(rider, kind, value, 0.0, job.trial.trial_id) for rider in self.riders.pop(key, [])]
+            out += [(twin, kind, value, 0.0, job.trial.trial_id) for twin in self.waiting_twins.pop(key, [])]
         return out
 
     def _ready(self) -> list[Any]:
@@ -278,7 +281,7 @@ class _Drain:
         """Points, ended trials, the search's records, the trials about to start: one transaction."""
         with self.db.transaction() as con:
             # first, so the twins handed out last pass have their rows before they share a result
-            self.db.add_trials(self.study, [job.trial.to_dict() for job in self.joining], con=con)
+            self.db.add_trials(self.study, [job.trial.to_dict() for job in self.twins_to_add], con=con)
             self.db.add_points(self.points, con=con)
             for job, kind, value, wall_s, source in ended:
                 trial_id = job.trial.trial_id
@@ -305,7 +308,7 @@ class _Drain:
                                con=con)
             for job, attempt in starting:  # a promotion is no new attempt; a retry is
                 self.db.mark_running(job.trial.trial_id, new_attempt=attempt > 1 or not job.rung, con=con)
-        self.points, self.points_since, self.joining = [], time.monotonic(), []
+        self.points, self.points_since, self.twins_to_add = [], time.monotonic(), []
 
     def _share(self, job: Job, source: str, value: Any, *, con: Any) -> None:
         """A twin takes the result (``value``, as it was told) of the trial that trained its model."""
@@ -348,7 +351,7 @@ class _Drain:
                     del self.running[generator]
                     self.progress.note(f"trial {trial_id}: worker died ({type(err).__name__}); "
                                        f"retry {attempt} of {self.retries}")
-                    self.again.append((job, attempt + 1))
+                    self.retry_queue.append((job, attempt + 1))
                     return []
             except Exception as err:  # a trial's failure is recorded, never fatal to the study
                 cause = getattr(err, "cause", None) or err
@@ -369,13 +372,11 @@ class _Drain:
 def _store_search_records(searcher: Searcher, db: Store, study: str, *, con: Any = None) -> None:
     """What a search learnt beside its trials: a sampler's finished proposals
     (as they end), a fidelity ladder's rank correlation (once it is known)."""
-    records = getattr(searcher, "records", None)
-    if records:
-        db.record_proposals(study, records, con=con)
-        records.clear()
-    ladder = getattr(searcher, "ladder", None)
-    if ladder is not None:
-        db.record_ladder(study, ladder, con=con)
+    if searcher.records:
+        db.record_proposals(study, searcher.records, con=con)
+        searcher.records.clear()
+    if searcher.ladder is not None:
+        db.record_ladder(study, searcher.ladder, con=con)
 
 
 def _train_key(job: Job) -> str | None:

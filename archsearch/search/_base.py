@@ -25,7 +25,19 @@ class Searcher(Protocol):
     fewer, or none while the search waits for results), then ``tell`` once per
     trial it started. The search is over when ``exhausted`` is true and every
     trial handed out has been told.
+
+    Beside its trials a search keeps what the driver writes to the store:
+    ``records`` (a sampler's finished proposals; the driver empties the list
+    once written), ``ladder`` (a fidelity ladder's rank correlation, once
+    known), ``pruned`` (trials stopped for good at a rung, once the search is
+    over) and ``rungs`` (how many rungs a trial's budget is cut into; 1 for a
+    search without rungs). A search with none of these keeps them empty.
     """
+
+    records: list[dict]
+    ladder: dict | None
+    pruned: list[tuple[PlannedTrial, int]]
+    rungs: int
 
     def ask(self, n: int) -> list[Job]:
         """Up to ``n`` jobs to start now."""

@@ -115,8 +115,13 @@ class HalvingSearch:
         return self.inner.expected
 
     @property
-    def records(self) -> list[dict] | None:
-        return getattr(self.inner, "records", None)
+    def records(self) -> list[dict]:
+        """The proposing search's records (a sampler's proposals)."""
+        return self.inner.records
+
+    @property
+    def ladder(self) -> dict | None:
+        return self.inner.ladder
 
     @property
     def exhausted(self) -> bool:

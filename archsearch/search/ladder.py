@@ -43,6 +43,9 @@ class ProbeSearch:
         self._out: set[str] = set()
         self._promoted = False
         self.ladder: dict | None = None
+        self.records: list[dict] = []  # (the Searcher protocol's: no proposals, no rungs, nothing pruned)
+        self.pruned: list[tuple[PlannedTrial, int]] = []
+        self.rungs = 1
 
     # the Searcher protocol
 

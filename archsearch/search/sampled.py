@@ -15,6 +15,7 @@ running and asks for new ones only after them, never repeating a finished one.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import warnings
@@ -77,14 +78,18 @@ class SampledSearch:
         self.budget = study.search.trials
         self.known = known
         self.records: list[dict] = []  # finished proposals, for the store
+        self.ladder: dict | None = None  # (the Searcher protocol's: no ladder, no rungs, nothing pruned)
+        self.pruned: list[tuple[PlannedTrial, int]] = []
+        self.rungs = 1
         self._axes = axes_of(study.space)
         self._compiled = compile_expressions(study.space)
         self._check_ranges()
         journal.parent.mkdir(parents=True, exist_ok=True)
-        storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(journal)))
         directions = [o.direction for o in self.objectives]
-        self._optuna = optuna.create_study(study_name=study.name, storage=storage, load_if_exists=True,
-                                           directions=directions, sampler=_sampler(study.search))
+        with _experimental_allowed():
+            storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(journal)))
+            self._optuna = optuna.create_study(study_name=study.name, storage=storage, load_if_exists=True,
+                                               directions=directions, sampler=_sampler(study.search))
         if [d.name.lower() for d in self._optuna.directions] != directions:
             raise _study_error(study, ("search", "objectives"),
                                f"this study's search began with other objectives (journal {journal})",
@@ -143,8 +148,10 @@ class SampledSearch:
         if self.counted >= self.budget:
             return False
         for _ in range(MAX_REJECTIONS):
-            trial = self._optuna.ask()
-            point = resolve_point(self.study.space, suggest_point(trial, self._axes, self._compiled), self._compiled)
+            with _experimental_allowed():
+                trial = self._optuna.ask()
+                point = resolve_point(self.study.space, suggest_point(trial, self._axes, self._compiled),
+                                      self._compiled)
             if point is None:
                 trial.set_user_attr("rejected", "a constraint rejects this point")
                 self._optuna.tell(trial, state=TrialState.FAIL)
@@ -295,8 +302,17 @@ def _optuna():
     except ImportError as err:  # pragma: no cover - optuna is a dependency
         raise ImportError("a sampled search needs optuna: pip install optuna") from err
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     return optuna
+
+
+@contextlib.contextmanager
+def _experimental_allowed():
+    """Optuna's ExperimentalWarning (the journal storage, TPE's multivariate and constant-liar
+    options, the GP sampler: features chosen on purpose) silenced inside only; the caller's
+    warning filters are as they were outside."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", category=_optuna().exceptions.ExperimentalWarning)
+        yield
 
 
 def _study_error(study: Study, loc: tuple, message: str, hint: str) -> SpecError:

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from archsearch_kernels import dispatch as kernel_dispatch
 
-from archsearch.arch.model import build_model
+from archsearch.arch.model import TrainableModel, build_model
 from archsearch.arch.spec import ArchSpec
 from archsearch.arch.structures.stack import LanguageModel
 from archsearch.budget import count_params
@@ -73,21 +73,87 @@ def train_trial(*, spec: ArchSpec, recipe: dict, data: dict | Source, seed: int,
     if threads is not None:
         torch.set_num_threads(threads)
     torch.manual_seed(seed)
+    run = _set_up(spec=spec, recipe=recipe, data=data, seed=seed, device=device, stop_at=stop_at, rank=rank,
+                  resume_from=checkpoint_dir)
+    save_every = checkpoint_every or recipe["eval_every"]
+    saves = checkpoint_dir is not None and run.writes
+    start = time.perf_counter() - run.state.elapsed_s
+    with _carrying(run):
+        for step in range(run.state.step, run.stop):
+            lr = _train_step(run, step)
+            if run.state.step % recipe["eval_every"] == 0 or run.state.step in (run.steps, run.stop, run.total):
+                row = _evaluation_row(run, lr)
+                if on_eval is not None and run.writes:
+                    on_eval(row)
+            if saves and (run.state.step % save_every == 0 or run.state.step in (run.stop, run.total)):
+                run.state.elapsed_s = time.perf_counter() - start
+                checkpoint.save(checkpoint_dir, model=run.model, spec=spec, optimizer=run.optimizer,
+                                state=run.state, generator=run.train_stream, fingerprint=run.fingerprint)
+                if on_checkpoint is not None:
+                    on_checkpoint(Path(checkpoint_dir))
+    wall = time.perf_counter() - start
+    if saves and run.state.step == run.total:
+        checkpoint.save_final(checkpoint_dir, model=run.model, spec=spec)
+        if on_checkpoint is not None:
+            on_checkpoint(Path(checkpoint_dir))
+    last = run.state.curve[-1]
+    return TrialResult(train_loss=last["train_loss"], val_loss=last["val_loss"], val_accuracy=last["val_accuracy"],
+                       steps=run.state.step, tokens=run.state.tokens, wall_time_s=wall,
+                       tokens_per_s=run.state.tokens / wall, curve=run.state.curve)
+
+
+@dataclass(kw_only=True)
+class _Run:
+    """One trial's training, set up: what each step reads and what it moves on.
+
+    ``model`` is the plain model (its parameters, options and checkpoints);
+    ``forward`` the same model as evaluated (compiled with ``recipe.compile``);
+    ``trainer`` as trained (``forward``, or its DDP objective on several ranks).
+    The first ``steps`` train the model, the ``gate_steps`` after them its exit
+    gate alone (Ouro's stage II); this call stops after step ``stop``.
+    """
+
+    recipe: dict
+    source: Source
+    seed: int
+    model: LanguageModel
+    forward: torch.nn.Module
+    trainer: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    train_stream: torch.Generator
+    device: torch.device
+    autocast: bool
+    rank: Rank | None
+    steps: int
+    gate_steps: int
+    stop: int
+    state: checkpoint.TrainerState
+    fingerprint: str
+
+    @property
+    def total(self) -> int:
+        return self.steps + self.gate_steps
+
+    @property
+    def writes(self) -> bool:
+        """This process reports evaluations and writes checkpoints (rank 0, or the only one)."""
+        return self.rank is None or self.rank.leader
+
+
+def _set_up(*, spec: ArchSpec, recipe: dict, data: dict | Source, seed: int, device: str | torch.device | None,
+            stop_at: float | None, rank: Rank | None, resume_from: str | Path | None) -> _Run:
+    """Build the model and its optimizer, size the run, and restore the newest checkpoint in ``resume_from``."""
     source = make_source(data) if isinstance(data, dict) else data
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model = build_model(spec).to(device)
     optimizer = adamw(model, recipe)
     train_stream = torch.Generator().manual_seed(seed)
     steps = resolve_steps(recipe, params=count_params(spec), seq_len=_seq_len(source))
-    # Ouro stage II after the main steps, for models with an exit gate (the others ignore it)
-    gate_steps = recipe.get("gate_steps", 0) if getattr(model, "exit_gate", None) is not None else 0
-    total = steps + gate_steps
-    stop = total if stop_at is None else min(total, max(1, math.ceil(stop_at * steps)))
-    batch_size, grad_accum = recipe["batch_size"], recipe.get("grad_accum", 1)
-    save_every = checkpoint_every or recipe["eval_every"]
+    gate_steps = recipe.get("gate_steps", 0) if model.exit_gate is not None else 0  # the others have no stage II
+    stop = steps + gate_steps if stop_at is None else min(steps + gate_steps, max(1, math.ceil(stop_at * steps)))
     fingerprint = _fingerprint(spec, recipe, data, seed)
     state = checkpoint.TrainerState()
-    found = checkpoint.latest(checkpoint_dir) if checkpoint_dir is not None else None
+    found = checkpoint.latest(resume_from) if resume_from is not None else None
     if found is not None:
         state = checkpoint.restore(found, model=model, optimizer=optimizer, generator=train_stream,
                                    fingerprint=fingerprint)
@@ -95,51 +161,53 @@ def train_trial(*, spec: ArchSpec, recipe: dict, data: dict | Source, seed: int,
     forward = torch.compile(model) if recipe.get("compile") else model
     # DDP wraps the objective for training; evaluation runs the plain model on every rank.
     trainer = forward if rank is None else data_parallel(forward, training_loss, rank, device)
-    writes = rank is None or rank.leader
-    streams, carry = _carries_state(model), contextlib.ExitStack()  # a memory's state, batch to batch, per row
-    if streams:
-        _check_streams(source, grad_accum)
-        carry.enter_context(model.carrying())
-    autocast = _autocast(recipe, device)
-    start = time.perf_counter() - state.elapsed_s
-    for step in range(state.step, stop):
-        gate_only = step >= steps
-        lr = recipe_lr(step - steps, recipe, steps=gate_steps) if gate_only else recipe_lr(step, recipe, steps=steps)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        batch = _train_batch(source, batch_size=batch_size, generator=train_stream, step=step, streams=streams)
-        optimizer.zero_grad(set_to_none=True)
-        loss = _backward(trainer, batch, grad_accum=grad_accum, device=device, autocast=autocast, step=step,
-                         gate_only=gate_only, rank=rank)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), recipe["grad_clip"])
-        optimizer.step()
-        state.step, state.tokens = step + 1, state.tokens + batch.inputs.numel()
-        # in the gate stage train_loss is the gate's loss, not averaged with the LM's
-        state.recent = (([] if step == steps else state.recent) + [loss])[-10:]
-        if state.step % recipe["eval_every"] == 0 or state.step in (steps, stop, total):
-            val_loss, val_accuracy = evaluate(forward, source, recipe, seed=seed, device=device, autocast=autocast)
-            row = dict(step=state.step, tokens=state.tokens, train_loss=sum(state.recent) / len(state.recent),
-                       val_loss=val_loss, val_accuracy=val_accuracy, lr=lr)
-            row.update(exit_metrics(forward, source, recipe, seed=seed, device=device, autocast=autocast))
-            state.curve.append(row)
-            if on_eval is not None and writes:
-                on_eval(row)
-        if checkpoint_dir is not None and writes and (state.step % save_every == 0 or state.step in (stop, total)):
-            state.elapsed_s = time.perf_counter() - start
-            checkpoint.save(checkpoint_dir, model=model, spec=spec, optimizer=optimizer, state=state,
-                            generator=train_stream, fingerprint=fingerprint)
-            if on_checkpoint is not None:
-                on_checkpoint(Path(checkpoint_dir))
-    wall = time.perf_counter() - start
-    carry.close()
-    if checkpoint_dir is not None and writes and state.step == total:
-        checkpoint.save_final(checkpoint_dir, model=model, spec=spec)
-        if on_checkpoint is not None:
-            on_checkpoint(Path(checkpoint_dir))
-    last = state.curve[-1]
-    return TrialResult(train_loss=last["train_loss"], val_loss=last["val_loss"], val_accuracy=last["val_accuracy"],
-                       steps=state.step, tokens=state.tokens, wall_time_s=wall, tokens_per_s=state.tokens / wall,
-                       curve=state.curve)
+    return _Run(recipe=recipe, source=source, seed=seed, model=model, forward=forward, trainer=trainer,
+                optimizer=optimizer, train_stream=train_stream, device=device, autocast=_autocast(recipe, device),
+                rank=rank, steps=steps, gate_steps=gate_steps, stop=stop, state=state, fingerprint=fingerprint)
+
+
+def _carrying(run: _Run) -> contextlib.AbstractContextManager:
+    """For a model that carries a state batch to batch (per row): inside, it does; else nothing.
+    A ``with`` block, so the carried state is let go however training ends."""
+    if not run.model.carries_state:
+        return contextlib.nullcontext()
+    _check_streams(run.source, run.recipe.get("grad_accum", 1))
+    return run.model.carrying()
+
+
+def _train_step(run: _Run, step: int) -> float:
+    """One optimizer step at ``step``: the model's, or in the gate stage the gate's; its lr."""
+    recipe, state = run.recipe, run.state
+    gate_only = step >= run.steps
+    if gate_only:
+        lr = recipe_lr(step - run.steps, recipe, steps=run.gate_steps)
+    else:
+        lr = recipe_lr(step, recipe, steps=run.steps)
+    for group in run.optimizer.param_groups:
+        group["lr"] = lr
+    batch = _train_batch(run.source, batch_size=recipe["batch_size"], generator=run.train_stream, step=step,
+                         streams=run.model.carries_state)
+    run.optimizer.zero_grad(set_to_none=True)
+    loss = _backward(run.trainer, batch, grad_accum=recipe.get("grad_accum", 1), device=run.device,
+                     autocast=run.autocast, step=step, gate_only=gate_only, rank=run.rank)
+    torch.nn.utils.clip_grad_norm_(run.model.parameters(), recipe["grad_clip"])
+    run.optimizer.step()
+    state.step, state.tokens = step + 1, state.tokens + batch.inputs.numel()
+    # in the gate stage train_loss is the gate's loss, not averaged with the LM's
+    state.recent = (([] if step == run.steps else state.recent) + [loss])[-10:]
+    return lr
+
+
+def _evaluation_row(run: _Run, lr: float) -> dict:
+    """Evaluate now; the curve's new row (also kept in the trainer's state)."""
+    kwargs = dict(seed=run.seed, device=run.device, autocast=run.autocast)
+    val_loss, val_accuracy = evaluate(run.forward, run.source, run.recipe, **kwargs)
+    state = run.state
+    row = dict(step=state.step, tokens=state.tokens, train_loss=sum(state.recent) / len(state.recent),
+               val_loss=val_loss, val_accuracy=val_accuracy, lr=lr)
+    row.update(exit_metrics(run.forward, run.source, run.recipe, **kwargs))
+    state.curve.append(row)
+    return row
 
 
 @torch.no_grad()
@@ -150,7 +218,7 @@ def evaluate(model: torch.nn.Module, source: Source, recipe: dict, *, seed: int,
     model.eval()
     stream = torch.Generator().manual_seed(seed + 1_000_003)
     losses, hits, scored = [], 0, 0
-    for batch in _val_batches(getattr(model, "_orig_mod", model), source, recipe, stream):
+    for batch in _val_batches(_plain(model), source, recipe, stream):
         batch = _to(batch, device)
         with _autocast_context(device, autocast):
             logits_BTV = model(batch.inputs)
@@ -169,11 +237,11 @@ def training_loss(model: torch.nn.Module, batch, *, gate_only: bool = False) -> 
     gradient (so AdamW, which skips those, leaves them as they are)."""
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
         return model(batch.inputs, batch.targets, gate_only)
+    plain = _plain(model)  # (a compiled model's own objective runs uncompiled)
     if gate_only:
-        return model.gate_loss(batch.inputs, batch.targets)
-    own = getattr(model, "training_loss", None)
-    if own is not None:
-        return own(batch.inputs, batch.targets)
+        return plain.gate_loss(batch.inputs, batch.targets)
+    if plain.own_loss:
+        return plain.training_loss(batch.inputs, batch.targets)
     if _fused_loss_applies(model, batch.inputs.device):
         return kernel_dispatch.linear_cross_entropy(model.head_input(batch.inputs), model.head_weight(),
                                                     batch.targets, ignore_index=IGNORE)
@@ -234,8 +302,8 @@ def exit_metrics(model: torch.nn.Module, source: Source, recipe: dict, *, seed: 
     (1.0 = every token ran every loop), and ``loop_time_ratio``, the wall
     time of those loops over the same batches run at the full loop count.
     Empty for every other model."""
-    plain = getattr(model, "_orig_mod", model)
-    if getattr(getattr(plain, "options", None), "exit_threshold", None) is None:
+    plain = _plain(model)
+    if not plain.exits_early:
         return {}
     was_training = plain.training
     plain.eval()
@@ -264,10 +332,9 @@ def _synchronize(device: str | torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def _carries_state(model: torch.nn.Module) -> bool:
-    """Whether the model carries a state across batches (a memory with ``carry``)."""
-    options = getattr(model, "options", None)
-    return bool(getattr(options, "carry", False))
+def _plain(model: torch.nn.Module) -> TrainableModel:
+    """The model itself under a ``torch.compile`` wrapper (which keeps it as ``_orig_mod``)."""
+    return getattr(model, "_orig_mod", model)
 
 
 def _check_streams(source: Source, grad_accum: int) -> None:
@@ -281,7 +348,7 @@ def _check_streams(source: Source, grad_accum: int) -> None:
 def _val_batches(model: torch.nn.Module, source: Source, recipe: dict, stream: torch.Generator):
     """The evaluation batches: random windows drawn with ``stream``, or, for a
     model that carries a state, consecutive windows read from fresh slots."""
-    if not _carries_state(model):
+    if not model.carries_state:
         for _ in range(recipe["eval_batches"]):
             yield source.batch(split="val", batch_size=recipe["batch_size"], generator=stream)
         return

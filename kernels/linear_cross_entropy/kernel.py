@@ -1,7 +1,7 @@
 """Linear head + cross-entropy, chunked over tokens with a Triton softmax kernel.
 
 Same signature and return as `linear_cross_entropy_naive` (plus `chunk_size`); see
-tests/kernels/test_linear_cross_entropy.py. Dimensions: N tokens, C tokens in a chunk,
+tests/kernels/test_triton.py (`LINEAR_CE_SHAPES`). Dimensions: N tokens, C tokens in a chunk,
 D width, V vocabulary.
 
 The full logits are N x V (at N = 16k tokens and V = 128k, 8 GB in fp32), more than the

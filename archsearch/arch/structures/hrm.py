@@ -142,6 +142,8 @@ class HRM(LanguageModel):
     def body(self, e_BTD: torch.Tensor) -> torch.Tensor:
         return self.segment_states(e_BTD)[-1]
 
+    own_loss = True  # the mean over segments of each one's CE
+
     def training_loss(self, inputs_BT: torch.Tensor, targets_BT: torch.Tensor) -> torch.Tensor:
         """Mean over segments of each segment's next-token cross-entropy (one segment: plain CE)."""
         weight_VD = self.embed.weight if self.head is None else self.head.weight

@@ -94,6 +94,8 @@ def _exit_arguments(module: nn.Module) -> set[str]:
 class Looped(LanguageModel):
     """k shared layers applied ``loops`` times; optional injection and exit gate."""
 
+    own_loss = True  # the last loop's CE, or with a gate Ouro's expected loss over loops
+
     def __init__(self, spec: ArchSpec):
         super().__init__(spec)
         self.options = loop_options(spec)
@@ -115,6 +117,10 @@ class Looped(LanguageModel):
             if layer.has_mlp:
                 x_BTD = x_BTD + layer.mlp(layer.mlp_norm(x_BTD))
         return x_BTD
+
+    @property
+    def exits_early(self) -> bool:
+        return self.options.exit_threshold is not None
 
     def loops(self, e_BTD: torch.Tensor, *, keep_all: bool = False, exits: bool = True) -> LoopRun:
         """Run every loop from the embeddings ``e_BTD``; ``exits=False`` runs

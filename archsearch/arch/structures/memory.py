@@ -203,6 +203,8 @@ class RecurrentMemory(nn.Module):
 class MemoryStack(LanguageModel):
     """Plain pre-norm stack with a ``RecurrentMemory`` after layer ``placement``."""
 
+    own_loss = True  # CE plus the auxiliary loss when ``aux`` is on
+
     def __init__(self, spec: ArchSpec):
         super().__init__(spec)
         self.options = opts = memory_options(spec)
@@ -213,6 +215,10 @@ class MemoryStack(LanguageModel):
         self.memory.reset_parameters()
         # inside carrying(): [the state the last forward left] (empty before the first)
         self._carried: list[torch.Tensor] | None = None
+
+    @property
+    def carries_state(self) -> bool:
+        return self.options.carry
 
     @contextlib.contextmanager
     def carrying(self):

@@ -28,14 +28,21 @@ def default_memory_dim(d_model: int, heads: int = 1) -> int:
     return max(multiple, round(MEMORY_WIDTH_RATIO * d_model / multiple) * multiple)
 
 
+def default_placement(num_layers: int) -> int:
+    """The layer the memory sits after when none is given: ``num_layers // 2 - 1``, clamped at 0,
+    so half the layers are below it and half above (the one owner of this default: the
+    planner's specs and a spec without ``placement`` both read it here)."""
+    return max(0, num_layers // 2 - 1)
+
+
 @dataclass(frozen=True, kw_only=True)
 class MemoryOptions:
     """The options of the "memory" structure, checked.
 
     ``placement`` in [0, num_layers - 1]: the memory sits after that layer
-    (default num_layers // 2 - 1, clamped at 0: half the layers below it,
-    half above). ``slots`` >= 1, ``segment`` >= 1 tokens, ``memory_dim`` >= 1
-    (default ``default_memory_dim``), ``memory_heads`` >= 1 dividing
+    (default ``default_placement``: half the layers below it, half above).
+    ``slots`` >= 1, ``segment`` >= 1 tokens, ``memory_dim`` >= 1 (default
+    ``default_memory_dim``), ``memory_heads`` >= 1 dividing
     ``memory_dim``. ``aux`` in none | self | random with ``aux_weight`` >= 0;
     ``carry``: the state carries across consecutive batches of a stream.
     """
@@ -54,7 +61,7 @@ def memory_options(spec: ArchSpec) -> MemoryOptions:
     """Parse and check ``spec.options``; a ValueError names what is wrong."""
     reject_unknown_options(spec, {f.name for f in fields(MemoryOptions)})
     heads = spec.options.get("memory_heads", 1)
-    defaults = dict(placement=max(0, spec.num_layers // 2 - 1),
+    defaults = dict(placement=default_placement(spec.num_layers),
                     memory_dim=default_memory_dim(spec.d_model, heads if isinstance(heads, int) and heads > 0 else 1))
     opts = MemoryOptions(**{**defaults, **spec.options})
     if not 0 <= opts.placement < spec.num_layers:

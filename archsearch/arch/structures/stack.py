@@ -45,11 +45,21 @@ class Layer(nn.Module):
 
 
 class LanguageModel(nn.Module):
-    """The shared frame: tokens [B, T] int64 -> logits [B, T, V] around ``body``."""
+    """The shared frame: tokens [B, T] int64 -> logits [B, T, V] around ``body``.
+
+    It answers the training loop's questions (``arch.model.TrainableModel``)
+    as a plain language model does: next-token cross-entropy, no exit gate, no
+    carried state, every loop run; a structure overrides what it has.
+    """
+
+    own_loss = False
 
     def __init__(self, spec: ArchSpec):
         super().__init__()
         self.spec = spec
+        # a structure with a gate sets a module here (an instance attribute, not a class one:
+        # nn.Module keeps submodules apart, and a class-level None would hide them)
+        self.exit_gate: nn.Module | None = None
         self.embed = nn.Embedding(spec.vocab_size, spec.d_model)
         self.norm = RMSNorm(spec.d_model, eps=spec.norm_eps)
         self.head = None if spec.tie_embeddings else nn.Linear(spec.d_model, spec.vocab_size, bias=False)
@@ -67,6 +77,24 @@ class LanguageModel(nn.Module):
     def head_weight(self) -> torch.Tensor:
         """The output embedding [V, D]: the input embedding when tied."""
         return self.embed.weight if self.head is None else self.head.weight
+
+    @property
+    def carries_state(self) -> bool:
+        return False
+
+    @property
+    def exits_early(self) -> bool:
+        return False
+
+    def training_loss(self, inputs_BT: torch.Tensor, targets_BT: torch.Tensor) -> torch.Tensor:
+        """A structure with ``own_loss`` defines its objective here (the loop never asks the others)."""
+        raise NotImplementedError(f"{type(self).__name__} trains on next-token cross-entropy of its forward")
+
+    def gate_loss(self, inputs_BT: torch.Tensor, targets_BT: torch.Tensor) -> torch.Tensor:
+        raise ValueError(f"{type(self).__name__} has no exit gate to train")
+
+    def carrying(self):
+        raise ValueError(f"{type(self).__name__} carries no state across batches")
 
 
 class Stack(LanguageModel):
