@@ -216,3 +216,24 @@ def test_a_url_that_is_not_a_ray_job_server_is_one_line_and_exit_2(command, web_
     assert done.stderr.startswith(f"error: http://127.0.0.1:{web_server} is not a Ray job server (asked for its "
                                   "Ray version: Version check returned 404)"), done.stderr
     assert done.stderr.count("\n") == 1 and "Ray 1.9" not in done.stderr
+
+
+def test_an_embedded_ray_that_does_not_start_is_one_line_and_leaves_no_folder(monkeypatch):
+    """On an overloaded machine Ray's servers can miss their start-up deadlines: one line that
+    says so with the load, the log and what to do, instead of Ray's traceback; no folder left."""
+    import ray
+
+    from archsearch.errors import ArchsearchError
+    from archsearch.execute import cluster
+
+    made = []
+    real_mkdtemp = cluster.tempfile.mkdtemp
+    monkeypatch.setattr(cluster.tempfile, "mkdtemp", lambda **kw: made.append(real_mkdtemp(**kw)) or made[-1])
+    monkeypatch.setattr(ray, "init", lambda *a, **k: (_ for _ in ()).throw(
+        RuntimeError("Failed to start the GCS: it did not answer within 30 s\nstack")))
+    with pytest.raises(ArchsearchError) as caught:
+        cluster.start_ray(None, log="runs/s.duckdb.ray.log")
+    assert str(caught.value).startswith("the embedded Ray did not start (load average ")
+    assert "Failed to start the GCS: it did not answer within 30 s; try again when" in str(caught.value)
+    assert str(caught.value).endswith("Ray's own messages are in runs/s.duckdb.ray.log")
+    assert made and not Path(made[0]).exists()

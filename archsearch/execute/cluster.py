@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from archsearch.errors import ClusterError
+from archsearch.errors import ArchsearchError, ClusterError
 from archsearch.execute.process import signals_kept
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -71,9 +71,16 @@ def start_ray(address: str | None, *, log: str | None = None) -> str | None:
         with _loopback_only(), _only_what_a_local_run_needs(), signals_kept():
             # workers at the raylet's niceness, which is the driver's, not Ray's default 15
             ray.init(address="local", _temp_dir=folder, _system_config={"worker_niceness": 0}, **quiet)
-    except BaseException:  # Ctrl-C while it starts, too: nothing of it outlives the run
+    except BaseException as err:  # Ctrl-C while it starts, too: nothing of it outlives the run
         ray.shutdown()
         shutil.rmtree(folder, ignore_errors=True)
+        if isinstance(err, Exception) and not isinstance(err, ArchsearchError):
+            # on an overloaded machine Ray's servers can miss their start-up deadlines
+            load = f" (load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)"
+            where = f"; Ray's own messages are in {log}" if log else ""
+            text = str(err).strip().splitlines()
+            raise ArchsearchError(f"the embedded Ray did not start{load}: {text[0] if text else type(err).__name__}; "
+                                  f"try again when the machine is less busy, or lower --max-parallel{where}") from None
         raise
     return folder
 
