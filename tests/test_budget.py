@@ -225,7 +225,9 @@ def test_every_planned_trial_is_within_tolerance_or_refused(family, shape, match
         "space": {"axes": {"family": family, "num_layers": num_layers, "taper": {"shape": shape, "ratio": ratio},
                            "loops": 3, "exit_gate": gate, "hrm": {"N": 2, "T": fast_steps}},
                   "model": {"head_dim": head_dim, "multiple_of": multiple_of}},
-        "budget": {"match": match, "targets": [target], "tolerance": tolerance, "protocol": protocol}})
+        "budget": {"match": match, "targets": [target], "tolerance": tolerance, "protocol": protocol},
+        # what is checked here is the match; a state target can plan a model of tens of GB (test_hostile_plan)
+        "execution": {"memory_check": False}})
     measure = {"params": lambda t: count_params(t.spec), "state": lambda t: state_size(t.spec, seq_len=32),
                "flops": lambda t: flops_per_token(t.spec, seq_len=32, kind="train")}
     try:
@@ -289,33 +291,6 @@ def test_the_solvers_tolerance_is_its_own_bound():
     solution = solve_within(error)
     assert solution.spec[1] == solution.achieved == 1024 and solution.match_error == error
     assert solve_within(0.5).match_error == error  # the nearest, not merely one inside a loose bound
-
-
-def test_of_the_fits_the_solver_keeps_the_width_nearest_the_mlp_ratio():
-    """``solve_for: d_model``: several d_model land within tolerance; the one kept has the mean
-    MLP width nearest ``mlp_ratio * d_model`` (in log ratio), checked against every candidate the
-    solver looked at."""
-    from archsearch.budget import solve
-
-    looked: list[tuple[int, int]] = []
-
-    def measure(spec):
-        looked.append(spec)
-        d, width = spec
-        return 12.0 * d * d + 3.0 * d * width  # attention-like plus MLP-like, per layer summed
-
-    target, tolerance, layers = 2.0e6, 0.02, 4
-    solution = solve(target=target, make_spec=lambda d, w: (d, w), measure=measure, num_layers=layers,
-                     head_dim=16, mlp_ratio=8 / 3, multiple_of=8, tolerance=tolerance)
-    fitting = {(d, w) for d, w in looked if abs(measure((d, w)) / target - 1) <= tolerance}
-    assert len({d for d, _ in fitting}) > 1  # a real choice between widths
-    d, width = solution.spec
-    assert abs(solution.match_error) <= tolerance
-
-    def off_ratio(candidate):
-        return abs(math.log(candidate[1] / (layers * candidate[0] * 8 / 3)))
-
-    assert off_ratio((d, width)) == min(off_ratio(c) for c in fitting)
 
 
 def test_a_target_below_the_smallest_model_says_so():

@@ -85,13 +85,14 @@ def test_bf16_inputs_match_fp32_reference(triton_kernels):
 
 
 def test_dispatch_takes_the_kernel_on_cuda_or_when_forced_and_chunked_elsewhere(monkeypatch):
-    """auto: the chunked PyTorch form on CPU tensors; ARCHSEARCH_KERNELS=triton forces the
-    kernel, reference the chunked form, and a kernel the preflight disabled is not taken."""
+    """auto: the C++ kernel on float32 CPU tensors (tests/kernels/test_ssd_cpu.py); ARCHSEARCH_KERNELS=triton
+    forces the Triton kernel, reference the chunked form, and a kernel the preflight disabled is not taken."""
     from archsearch_kernels import dispatch
 
     monkeypatch.setenv(dispatch.DISABLE_VAR, "")
     taken = []
     monkeypatch.setattr(dispatch, "ssd_triton", lambda *a, **kw: taken.append("triton"))
+    monkeypatch.setattr(dispatch.ssd_cpu_kernel, "ssd_cpu", lambda *a, **kw: taken.append("cpp"))
     monkeypatch.setattr(dispatch, "ssd_chunked", lambda *a, chunk_size, **kw: taken.append(f"chunked{chunk_size}"))
     x = torch.zeros(1, 3, 2, 4)
     for setting in ("auto", "triton", "reference"):
@@ -100,7 +101,7 @@ def test_dispatch_takes_the_kernel_on_cuda_or_when_forced_and_chunked_elsewhere(
     monkeypatch.setenv(dispatch.MODE_VAR, "triton")
     dispatch.disable("ssd")
     dispatch.ssd(x=x)
-    assert taken == ["chunked16", "triton", "chunked16", "chunked64"]
+    assert taken == ["cpp", "triton", "chunked16", "chunked64"]
 
 
 def test_mamba2_model_is_the_same_with_the_kernel_on(monkeypatch, triton_kernels):
