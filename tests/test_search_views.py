@@ -5,7 +5,6 @@ with `search:`; a grid's report has neither."""
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 import archsearch as A
 from archsearch.search.history import history, importance

@@ -5,7 +5,6 @@ hard case: four families with conditional axes, three seeds, long labels."""
 
 from __future__ import annotations
 
-import re
 
 import pytest
 from typer.testing import CliRunner

@@ -5,7 +5,6 @@ close together, too few points, points that scatter. A well-posed fit carries no
 from __future__ import annotations
 
 import numpy as np
-import pytest
 from typer.testing import CliRunner
 
 from archsearch import analysis
