@@ -24,6 +24,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from archsearch.analysis import fit_law, pareto
+from archsearch.units import si
 from archsearch_dashboards.arms import (
     arm_bests,
     arm_colours,
@@ -156,16 +157,8 @@ def _log_ticks(low: float, high: float) -> dict:
     for digits in ((1, 2, 5), tuple(range(1, 10))):
         values = [d * 10.0 ** k for k in decades for d in digits if low <= d * 10.0 ** k <= high]
         if len(values) >= 3:
-            return dict(tickmode="array", tickvals=values, ticktext=[_si(v) for v in values])
+            return dict(tickmode="array", tickvals=values, ticktext=[si(v) for v in values])
     return {}
-
-
-def _si(value: float) -> str:
-    """200000 -> 200k, 1.5e9 -> 1.5G, 2.5 -> 2.5."""
-    for power, suffix in ((12, "T"), (9, "G"), (6, "M"), (3, "k")):
-        if abs(value) >= 10 ** power:
-            return f"{value / 10 ** power:.3g}{suffix}"
-    return f"{value:.3g}"
 
 
 def _add_fit(fig: go.Figure, fit, *, name: str, colour: str, opacity: float = 0.18) -> None:

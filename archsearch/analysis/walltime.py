@@ -13,6 +13,8 @@ import math
 import statistics
 from dataclasses import dataclass
 
+from archsearch.units import duration
+
 
 @dataclass(frozen=True, kw_only=True)
 class WallTime:
@@ -43,15 +45,6 @@ def estimate(planned: list[dict], completed: list[dict], *, at_once: int) -> Wal
     wall = max(sum(times) / at_once, max(times))
     used = sum(len(rates[f]) for f in {t["family"] for t in planned} if f in rates)
     return WallTime(wall_s=wall, at_once=at_once, covered=len(times), trials=len(planned), measured=used)
-
-
-def duration(seconds: float) -> str:
-    """``95`` -> ``1.6 min``; ``7200`` -> ``2.0 h``."""
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.1f} min"
-    return f"{seconds / 3600:.1f} h"
 
 
 __all__ = ["WallTime", "duration", "estimate"]

@@ -1,0 +1,23 @@
+"""Numbers as a person reads them: durations and SI-prefixed magnitudes, the one
+spelling every table, progress line and figure uses."""
+
+from __future__ import annotations
+
+
+def duration(seconds: float) -> str:
+    """``45`` -> ``45 s``; ``600`` -> ``10.0 min``; ``7200`` -> ``2.0 h``; ``259200`` -> ``3.0 d``."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.1f} min"
+    if seconds < 3 * 86400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} d"
+
+
+def si(value: float) -> str:
+    """``200000`` -> ``200k``, ``1.5e9`` -> ``1.5G``, ``2.5`` -> ``2.5``: three significant figures."""
+    for power, suffix in ((12, "T"), (9, "G"), (6, "M"), (3, "k")):
+        if abs(value) >= 10 ** power:
+            return f"{value / 10 ** power:.3g}{suffix}"
+    return f"{value:.3g}"
