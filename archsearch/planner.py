@@ -38,7 +38,7 @@ from archsearch.data import seq_len_of, vocab_size_of
 from archsearch.errors import SpecError
 from archsearch.space.expand import check_trial_count, expand
 from archsearch.space.schema import Study
-from archsearch.space.training import planned_steps
+from archsearch.space.training import deciding, planned_steps
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -341,7 +341,7 @@ def training_key(spec: dict, recipe: dict, data: dict, seed: int) -> str:
 
 
 def _digest(spec: dict, recipe: dict, data: dict, seed: int, pair: str | None) -> str:
-    described = {"spec": spec, "recipe": recipe, "data": data, "seed": seed}
+    described = {"spec": spec, "recipe": deciding(recipe), "data": data, "seed": seed}
     if pair is not None:
         described["pair"] = pair
     blob = json.dumps(described, sort_keys=True)

@@ -23,6 +23,7 @@ from rich.text import Text
 
 from archsearch.budget.memory import readable_bytes
 from archsearch.jsontext import strict_json
+from archsearch.units import duration
 
 # C0/C1 control characters (ESC starts every ANSI sequence) and the bidi
 # overrides that reorder what a terminal shows.
@@ -354,10 +355,14 @@ def status_tables(db, *, study: str | None, as_json: bool, wide: bool = False) -
     trials = db.trials(study).to_pylist()
     ladders = db.ladders(study).to_pylist()
     checks = db.checks(study)
+    # where each running trial is: its latest report, none for a trial that stopped
+    progress = {trial_id: report for trial_id, report in db.progress(study).items()
+                if any(t["trial_id"] == trial_id and t["status"] == "running" for t in trials)}
     if as_json:
         # the store keeps a trial's axes, spec, recipe and data as JSON text: given as the objects they are
         objects = [{**t, **{k: json.loads(t[k]) for k in ("axes", "spec", "recipe", "data")
-                            if isinstance(t.get(k), str)}} for t in trials]
+                            if isinstance(t.get(k), str)},
+                    **({"progress": progress[t["trial_id"]]} if t["trial_id"] in progress else {})} for t in trials]
         print(strict_json({"studies": studies, "trials": objects, "fidelity_ladders": ladders, "checks": checks},
                           indent=2))
         return
@@ -381,6 +386,8 @@ def status_tables(db, *, study: str | None, as_json: bool, wide: bool = False) -
            give_way=["gap", "tokens/s", "params", "val_loss"])
     for line in _twin_status(trials):
         out.print(plain(line))
+    for line in _progress_lines(progress, wide=wide):
+        out.print(plain(line))
     if not wide:
         for t in trials:
             if t["error"] and t["status"] != "pruned":
@@ -389,6 +396,17 @@ def status_tables(db, *, study: str | None, as_json: bool, wide: bool = False) -
         out.print(plain(_ladder_line(ladder)))
     for check in checks:
         out.print(plain(_check_line(check)))
+
+
+def _progress_lines(progress: dict[str, dict], *, wide: bool) -> list[str]:
+    """The running trials, each where its latest report put it and how long ago that was."""
+    from archsearch.execute.progress import trial_line
+
+    if not progress:
+        return []
+    shown = {t: t for t in progress} if wide else short_ids(list(progress))
+    return ["running:"] + [f"  trial {shown[trial_id]}: {trial_line(report)} "
+                           f"(reported {duration(report['age_s'])} ago)" for trial_id, report in progress.items()]
 
 
 def _twin_status(trials: list[dict]) -> list[str]:

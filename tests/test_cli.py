@@ -206,10 +206,10 @@ def test_pareto_report_and_export_read_the_run(ran, tmp_path):
 
 # signals: `archsearch run` as a subprocess in a session of its own
 
-def _start(*args, cwd: Path) -> subprocess.Popen:
+def _start(*args, cwd: Path, env: dict | None = None) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "archsearch.cli", *map(str, args)], cwd=cwd, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                            env={**os.environ, "COLUMNS": "80"})
+                            env={**os.environ, "COLUMNS": "80", **(env or {})})
 
 
 def _wait_for_checkpoint(store: Path, trial_id: str, proc: subprocess.Popen, timeout: float = 120) -> None:
@@ -286,6 +286,44 @@ def test_a_signal_mid_trial_exits_with_the_exact_resume_command(signame, whole_g
         clean = tmp_path / "clean.duckdb"
         assert invoke("run", study, "--store", clean, "--report", tmp_path / "clean.html").exit_code == 0
         assert _store_rows(store)[2] == _store_rows(clean)[2]
+
+
+@pytest.mark.ray
+def test_a_second_process_sees_where_a_running_trial_is(tmp_path):
+    """While a trial trains (long before its first evaluation), `status` in another process
+    shows its step of how many, its latest training loss and an ETA; `status --json` gives the
+    same as numbers, the store holds its training-loss curve, and the piped heartbeat says it."""
+    study = write_study(tmp_path, steps=5000, eval_every=5000, max_parallel=1)
+    store = tmp_path / "s.duckdb"
+    proc = _start("run", study, "--store", store, cwd=tmp_path, env={"ARCHSEARCH_HEARTBEAT_S": "1"})
+    try:
+        deadline, seen = time.monotonic() + 180, None
+        while seen is None:
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "no running trial reported its progress"
+            time.sleep(0.5)
+            found = subprocess.run([sys.executable, "-m", "archsearch.cli", "status", "--store", str(store), "--json"],
+                                   capture_output=True, text=True, timeout=60)
+            if found.returncode != 0:  # the run has not created the store yet
+                continue
+            running = [t for t in json.loads(found.stdout)["trials"] if t.get("progress", {}).get("step", 0) > 20]
+            seen = running[0] if running else None
+        at = seen["progress"]
+        assert at["total_steps"] == 5000 and 0 < at["step"] < 5000 and seen["status"] == "running"
+        assert 0 < at["train_loss"] < 6 and at["tokens_per_s"] > 0 and at["tokens"] == at["step"] * 4 * 16
+        shown = subprocess.run([sys.executable, "-m", "archsearch.cli", "status", "--store", str(store)],
+                               capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "80"})
+        line = next(line for line in shown.stdout.splitlines() if line.startswith(f"  trial {seen['trial_id'][:8]}"))
+        assert re.search(r"step \d+/5000, loss \d\.\d{3}, [\d.]+k? tokens/s, ETA [\d.]+ (s|min|h)", line), line
+        with A.open_store(store, read_only=True) as db:
+            curve = db.train_points([seen["trial_id"]])
+        assert len(curve) >= 2 and [r["step"] for r in curve[:2]] == [10, 20]  # recipe.log_every's default
+        os.killpg(proc.pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        _end_session(proc)
+    assert re.search(rf"^  trial {seen['trial_id']}: step \d+/5000, loss", err, re.MULTILINE), err
+    assert re.search(r"trials done, 1 running, 0 failed, \d+ s elapsed, ETA", err), err
 
 
 @pytest.mark.ray

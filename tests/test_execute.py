@@ -55,18 +55,60 @@ def test_off_a_terminal_progress_is_one_line_per_trial_and_a_heartbeat():
         progress.finished(trial_id="def456", label="transformer", status="diverged", val_loss=float("nan"),
                           wall_s=0.5)
     lines = out.getvalue().splitlines()
-    assert lines == ["0/2 trials done, 2 running, 0 failed, 1s elapsed",
+    assert lines == ["0/2 trials done, 2 running, 0 failed, 1 s elapsed",
                      "trial abc123 transformer taper.shape=[/bold]: val_loss 2.3457 in 1.2s",
                      "trial def456 transformer: diverged (val_loss nan) in 0.5s"]
     assert "\x1b" not in out.getvalue()  # plain text for logs
+
+
+def report(step: int, *, total: int = 100, tokens_per_step: int = 64, rate: float = 640.0, loss: float = 2.5,
+           elapsed: float = 1.0) -> dict:
+    return dict(step=step, total_steps=total, tokens=step * tokens_per_step, total_tokens=total * tokens_per_step,
+                train_loss=loss, tokens_per_s=rate, elapsed_s=elapsed)
+
+
+def test_the_heartbeat_says_where_each_running_trial_is_and_when_the_study_ends():
+    out, clock = io.StringIO(), FakeClock()
+    console = Console(file=out, force_terminal=False, width=80)
+    with TrialProgress(total=4, console=console, heartbeat_s=10, clock=clock) as progress:
+        progress.started("aaaa1111")
+        progress.started("bbbb2222")
+        progress.finished(trial_id="cccc3333", label="mamba", status="completed", val_loss=2.0, wall_s=20.0)
+        # 90 steps of 64 tokens left at 640 tokens/s: 9 s; the other has not reported yet
+        progress.reported("aaaa1111", report(10, loss=2.3456))
+        clock.now = 11.0
+        progress.update(completed=1, running=2, failed=0)
+    lines = out.getvalue().splitlines()
+    # remaining work: 9 s, 20 s (a typical trial's, not measured yet), one queued trial at 20 s; over 2 at once
+    assert lines[1:] == ["1/4 trials done, 2 running, 0 failed, 11 s elapsed, ETA 24 s",
+                         "  trial aaaa1111: step 10/100, loss 2.346, 640 tokens/s, ETA 9 s",
+                         "  trial bbbb2222: starting"]
+
+
+def test_the_eta_waits_for_a_measurement_and_never_undercuts_the_longest_trial():
+    progress = TrialProgress(total=3, enabled=False)
+    progress.started("a")
+    assert progress.eta_s() is None  # nothing measured: no guess
+    progress.reported("a", report(0, total=1000, rate=64.0, elapsed=0.0))
+    assert progress.eta_s() == pytest.approx(3 * 1000.0 / 1)  # itself, then two queued trials like it, one at a time
+    progress.started("b")
+    progress.reported("b", report(990, total=1000, rate=64.0, elapsed=990.0))
+    # two at once: (1000 + 10 + one queued at the mean of 1000 and 1000) / 2, at least the longest's 1000
+    assert progress.eta_s() == pytest.approx(max((1000 + 10 + 1000) / 2, 1000))
+    progress.stopped("b")
+    assert "b" not in progress.live
 
 
 def test_on_a_terminal_progress_draws_a_bar_and_disabled_prints_nothing():
     out = io.StringIO()
     console = Console(file=out, force_terminal=True, width=100)
     with TrialProgress(total=3, console=console) as progress:
+        progress.started("abcdef0123456789")
+        progress.reported("abcdef0123456789", report(30, loss=1.875))
         progress.update(completed=2, running=1, failed=1)
-    assert "3/3" in out.getvalue() and "failed 1" in out.getvalue()
+    shown = out.getvalue()
+    assert "3/3" in shown and "failed 1" in shown
+    assert "abcdef01" in shown and "30/100" in shown and "loss 1.875" in shown  # the running trial's own bar
     quiet = io.StringIO()
     with TrialProgress(total=3, enabled=False, console=Console(file=quiet), heartbeat_s=0) as progress:
         progress.update(completed=1, running=0, failed=0)

@@ -36,8 +36,8 @@ def test_round_trip(tmp_path):
         assert store.studies().to_pylist()[0]["completed"] == 1
         files = store.export_parquet(tmp_path / "pq")
     assert pq.read_table(tmp_path / "pq" / "trials.parquet").num_rows == 2
-    assert [f.stem for f in files] == ["studies", "study_versions", "trials", "study_trials", "metrics", "trial_rungs",
-                                       "search_proposals", "fidelity_ladders", "layer_profiles"]
+    assert [f.stem for f in files] == ["studies", "study_versions", "trials", "study_trials", "metrics", "train_points",
+                                       "trial_rungs", "search_proposals", "fidelity_ladders", "layer_profiles"]
 
 
 def test_registering_again_keeps_finished_results(tmp_path):

@@ -71,3 +71,44 @@ def test_warmup_then_cosine_to_the_floor():
     assert lr_at(60, **kw) == pytest.approx(0.55)
     assert lr_at(110, **kw) == pytest.approx(0.1)
     assert all(lr_at(s, **kw) >= lr_at(s + 1, **kw) for s in range(10, 110))
+
+
+def test_training_reports_its_loss_curve_and_where_it_is_between_evaluations(corpus):
+    """Every ``log_every`` steps a training-loss row (the mean of the steps since the last), and
+    progress reports carrying them, the first after the first step; together they give the
+    whole curve, and the last report stands at the end."""
+    source = ByteCorpus(paths=[str(corpus)], seq_len=16)
+    reports, rows = [], []
+
+    def heard(report, new_rows):
+        reports.append(report)
+        rows.extend(new_rows)
+
+    result = train_trial(spec=SPEC, recipe=recipe(steps=25, eval_every=10, log_every=4), data=source, seed=0,
+                         on_progress=heard)
+    assert [r["step"] for r in rows] == [4, 8, 12, 16, 20, 24, 25]
+    assert all(r["tokens"] == r["step"] * 8 * 16 for r in rows)
+    assert reports[0]["step"] == 1 and reports[-1]["step"] == 25 == reports[-1]["total_steps"]
+    assert reports[-1]["total_tokens"] == result.tokens and reports[-1]["tokens_per_s"] > 0
+    assert rows[0]["train_loss"] > rows[-1]["train_loss"]  # it learns
+    # the mean of the last ten steps, as the result's train_loss is
+    assert reports[-1]["train_loss"] == pytest.approx(result.train_loss)
+
+
+def test_a_report_of_progress_comes_every_few_seconds_not_every_step():
+    from archsearch.train.progress import Reporter
+
+    now, sent = [0.0], []
+    reporter = Reporter(on_progress=lambda report, rows: sent.append((report, rows)), log_every=2,
+                        total_steps=100, step=40, tokens=40 * 10, every_s=2.0, clock=lambda: now[0])
+    for step in range(41, 61):
+        now[0] += 0.5
+        reporter.after_step(step=step, tokens=step * 10, loss=float(step), lr=1e-3)
+    # at step 41 (the first), then each time 2 s have passed: 45, 49, 53, 57
+    assert [report["step"] for report, _ in sent] == [41, 45, 49, 53, 57]
+    assert [row["step"] for _, rows in sent for row in rows] == [42, 44, 46, 48, 50, 52, 54, 56]
+    assert sent[1][1][0]["train_loss"] == (41 + 42) / 2  # the steps since the previous row, resumed at 40
+    report = sent[-1][0]
+    # the rate leaves out the first step, which pays for warming up
+    assert sent[0][0]["tokens_per_s"] is None
+    assert report["total_tokens"] == 1000 and report["tokens_per_s"] == pytest.approx(160 / 8.0)

@@ -87,3 +87,12 @@ def test_the_code_version_is_recorded_not_hashed(tiny_study, monkeypatch):
     before = [t.trial_id for t in A.plan(A.load_study(tiny_study))]
     monkeypatch.setattr(archsearch, "__version__", "99.0.0")
     assert [t.trial_id for t in A.plan(A.load_study(tiny_study))] == before
+
+
+def test_how_often_a_trial_reports_its_training_loss_is_no_part_of_its_id(tiny_study):
+    """``recipe.log_every`` changes what is reported, not what trains: a store's finished
+    trials stay finished when it changes (and the checkpoint of a run resumes under it)."""
+    trial = base_trial(tiny_study)
+    recipe = dict(trial.recipe, log_every=trial.recipe["log_every"] + 7)
+    assert trial_id(trial.spec, recipe, trial.data, trial.seed) == trial.trial_id
+    assert training_key(trial.spec.to_dict(), recipe, trial.data, trial.seed) == trial.train_key

@@ -6,9 +6,11 @@ and hears how each ended.
 
 Only the driver touches the store, and it holds the store's run lock for
 the whole run (a second run on the same store refuses). Workers stream each
-evaluation back as they train; the driver writes those points as they come
-so a reader sees curves grow, and a finished trial's row and curve in one
-transaction. A trial whose worker dies is retried from its last checkpoint,
+evaluation back as they train, and every few seconds their progress (step,
+tokens, latest loss, tokens/s) with the training-loss rows since the last;
+the driver writes those as they come (at most ``POINTS_EVERY_S`` late) so a
+reader sees curves grow and where each running trial is, and a finished
+trial's row and curve in one transaction. A trial whose worker dies is retried from its last checkpoint,
 up to ``execution.retries`` times, each attempt counted in the store.
 
 Twins, trials of different arms that train the same model (same spec, data,
@@ -185,6 +187,8 @@ class _Scheduler:
         self.running: dict[Any, tuple[Job, int, float]] = {}  # generator -> job, attempt, started
         self.retry_queue: deque[tuple[Job, int]] = deque()  # jobs whose worker died, with their next attempt
         self.points: list[tuple[str, dict]] = []  # evaluations not yet written
+        self.train_points: list[tuple[str, dict]] = []  # training-loss rows not yet written
+        self.reports: dict[str, dict] = {}  # running trials' progress reports not yet written
         self.points_since = time.monotonic()
         # twins (see the module's docstring), by train key: the trial that trained it and its result;
         # the job training it now and the twins waiting for that job; then the twins handed out this
@@ -208,7 +212,8 @@ class _Scheduler:
             room = width - len(self.running) - len(starting)
             if room > 0:
                 starting += [(job, 1) for job in self._ask(room)]
-            due = self.points and time.monotonic() - self.points_since >= POINTS_EVERY_S
+            due = ((self.points or self.train_points or self.reports)
+                   and time.monotonic() - self.points_since >= POINTS_EVERY_S)
             if ended or starting or due or self.twins_to_add:
                 self._write(ended, starting)
             # Started only once the store says so: a kill in between leaves
@@ -283,6 +288,10 @@ class _Scheduler:
             # first, so the twins handed out last pass have their rows before they share a result
             self.db.add_trials(self.study, [job.trial.to_dict() for job in self.twins_to_add], con=con)
             self.db.add_points(self.points, con=con)
+            self.db.add_train_points(self.train_points, con=con)
+            # a trial that ended has no progress left to show, whatever it reported this pass
+            self.db.record_progress({k: v for k, v in self.reports.items() if k in self._running_ids()}, con=con)
+            self.db.forget_progress([job.trial.trial_id for job, *_ in ended], con=con)
             for job, kind, value, wall_s, source in ended:
                 trial_id = job.trial.trial_id
                 if source is not None:
@@ -308,7 +317,8 @@ class _Scheduler:
                                con=con)
             for job, attempt in starting:  # a promotion is no new attempt; a retry is
                 self.db.mark_running(job.trial.trial_id, new_attempt=attempt > 1 or not job.rung, con=con)
-        self.points, self.points_since, self.twins_to_add = [], time.monotonic(), []
+        self.points, self.train_points, self.reports = [], [], {}
+        self.points_since, self.twins_to_add = time.monotonic(), []
 
     def _share(self, job: Job, source: str, value: Any, *, con: Any) -> None:
         """A twin takes the result (``value``, as it was told) of the trial that trained its model."""
@@ -330,6 +340,10 @@ class _Scheduler:
                        nice=self.nice,
                        checkpoint_dir=str(checkpoint_dir(self.store, trial.trial_id, storage=self.storage)))
         self.running[self.task.remote(payload)] = (job, attempt, time.perf_counter())
+        self.progress.started(trial.trial_id)
+
+    def _running_ids(self) -> set[str]:
+        return {job.trial.trial_id for job, _, _ in self.running.values()}
 
     def _take(self, generator: Any) -> list[tuple]:
         """Every item a ready trial has sent: its points are kept; its end,
@@ -349,6 +363,7 @@ class _Scheduler:
                 kind, value = "failed", f"worker died {attempt} times ({type(err).__name__})"
                 if attempt <= self.retries:  # again, from its newest checkpoint
                     del self.running[generator]
+                    self.progress.stopped(trial_id)
                     self.progress.note(f"trial {trial_id}: worker died ({type(err).__name__}); "
                                        f"retry {attempt} of {self.retries}")
                     self.retry_queue.append((job, attempt + 1))
@@ -361,11 +376,16 @@ class _Scheduler:
                 self.progress.note(f"trial {trial_id}: attempt {attempt} resumes from step {value}")
             elif kind == "eval":
                 self.points.append((trial_id, value))
-            if kind in ("resumed", "eval"):
+            elif kind == "progress":
+                self.train_points += [(trial_id, row) for row in value["rows"]]
+                self.reports[trial_id] = value["at"]
+                self.progress.reported(trial_id, value["at"])
+            if kind in ("resumed", "eval", "progress"):
                 if ray.wait([generator], timeout=0)[0]:
                     continue
                 return []
             del self.running[generator]
+            self.progress.stopped(trial_id)
             return [(job, kind, value, time.perf_counter() - started, None)]
 
 

@@ -1,9 +1,16 @@
 """Progress of a running study on stderr.
 
-On a terminal: a bar (done / running / failed, an ETA) with a line above it
-per finished trial. Anywhere else (a file, a CI log): plain lines only, one
-per finished trial and a heartbeat every ``heartbeat_s`` seconds, so a log
-never sits silent for minutes.
+On a terminal: a bar for the study (done / running / failed, an ETA) and one
+below it per running trial (its step of how many, latest training loss,
+tokens/s, its ETA), with a line above them per finished trial. Anywhere else
+(a file, a CI log): plain lines only, one per finished trial and a heartbeat
+every ``heartbeat_s`` seconds that says the same as the bars, so a log never
+sits silent for minutes.
+
+The study's ETA is the running trials' remaining tokens at the tokens/s each
+measures, plus the trials not yet started at the mean duration of a trial so
+far (finished ones, else the running ones' projected), shared among the
+trials that run at once.
 """
 
 from __future__ import annotations
@@ -13,15 +20,10 @@ from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
+from rich.progress import BarColumn, Progress, TaskID, TextColumn
 from rich.text import Text
+
+from archsearch.units import duration, si
 
 
 class TrialProgress:
@@ -38,14 +40,17 @@ class TrialProgress:
         self.bar = enabled and self.console.is_terminal
         self.heartbeat_s = heartbeat_s
         self.clock = clock
-        self.started = self.last_line = clock()
-        self.done = 0
+        self.started_at = self.last_line = clock()
+        self.done = self.running_count = self.failed = 0
+        self.widest = 1  # the most trials seen running at once
+        self.live: dict[str, dict | None] = {}  # running trial -> its latest report (None before the first)
+        self.rows: dict[str, TaskID] = {}
+        self.durations: list[float] = []  # wall seconds of the trials that trained to their end
         self.progress = Progress(
-            TextColumn("[bold]trials"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("running {task.fields[running]}  failed {task.fields[failed]}"),
-            TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+            TextColumn("{task.description}"), BarColumn(bar_width=20), TextColumn("{task.fields[count]}"),
+            TextColumn("{task.fields[info]}"), TextColumn("{task.fields[eta]}"),
             console=self.console, disable=not self.bar)
-        self.task = self.progress.add_task("trials", total=total, running=0, failed=0)
+        self.task = self.progress.add_task("trials", total=total, count=f"0/{total}", info="", eta="")
 
     def __enter__(self) -> TrialProgress:
         self.progress.start()
@@ -54,14 +59,53 @@ class TrialProgress:
     def __exit__(self, *exc: Any) -> None:
         self.progress.stop()
 
+    def started(self, trial_id: str) -> None:
+        """A trial was handed to a worker; it shows as starting until its first report."""
+        self.live[trial_id] = None
+        self.widest = max(self.widest, len(self.live))
+        if self.bar:
+            self.rows[trial_id] = self.progress.add_task(f"  {trial_id[:8]}", total=None, count="", info="starting",
+                                                         eta="")
+
+    def reported(self, trial_id: str, report: dict) -> None:
+        """A running trial's latest progress report (see ``train.progress.Reporter``)."""
+        self.live[trial_id] = report
+        if trial_id in self.rows:
+            self.progress.update(self.rows[trial_id], total=report["total_steps"], completed=report["step"],
+                                 count=f"{report['step']}/{report['total_steps']}", info=_trial_info(report),
+                                 eta=_eta_text(_remaining_s(report)))
+
+    def stopped(self, trial_id: str) -> None:
+        """A trial left its worker (ended, failed, paused at a rung, or its worker died)."""
+        self.live.pop(trial_id, None)
+        if trial_id in self.rows:
+            self.progress.remove_task(self.rows.pop(trial_id))
+
     def update(self, *, completed: int, running: int, failed: int) -> None:
         """The counts now; off a terminal, a heartbeat line when one is due."""
-        self.done = completed + failed
-        self.progress.update(self.task, completed=self.done, running=running, failed=failed)
+        self.done, self.running_count, self.failed = completed + failed, running, failed
+        eta = self.eta_s()
+        self.progress.update(self.task, completed=self.done, count=f"{self.done}/{self.total}",
+                             info=f"running {running}  failed {failed}", eta=_eta_text(eta))
         now = self.clock()
         if self.enabled and not self.bar and now - self.last_line >= self.heartbeat_s:
             self._line(f"{self.done}/{self.total} trials done, {running} running, {failed} failed, "
-                       f"{now - self.started:.0f}s elapsed")
+                       f"{duration(now - self.started_at)} elapsed{f', ETA {duration(eta)}' if eta is not None else ''}")
+            for trial_id, report in self.live.items():
+                self._line(f"  trial {trial_id}: " + ("starting" if report is None else trial_line(report)))
+
+    def eta_s(self) -> float | None:
+        """Seconds until the study ends, estimated as the module's docstring says; None until measured."""
+        remaining = [_remaining_s(r) if r is not None else None for r in self.live.values()]
+        projected = [r["elapsed_s"] + left for r, left in zip(self.live.values(), remaining)
+                     if r is not None and left is not None]
+        typical = sum(self.durations) / len(self.durations) if self.durations else (
+            sum(projected) / len(projected) if projected else None)
+        if typical is None:
+            return None
+        queued = max(0, self.total - self.done - len(self.live))
+        work = [typical if left is None else left for left in remaining]
+        return max([(sum(work) + queued * typical) / self.widest, *work])
 
     def finished(self, *, trial_id: str, label: str, status: str, val_loss: float, wall_s: float,
                  shared_with: str | None = None) -> None:
@@ -72,6 +116,7 @@ class TrialProgress:
             self._line(f"trial {trial_id} {label}: {loss}, shared from trial {shared_with} "
                        "(same model, not trained again)")
             return
+        self.durations.append(wall_s)
         self._line(f"trial {trial_id} {label}: {loss} in {wall_s:.1f}s")
 
     def note(self, message: str) -> None:
@@ -83,3 +128,35 @@ class TrialProgress:
         self.last_line = self.clock()
         # Text, not markup: trial labels hold values a user wrote.
         self.console.print(Text(message, style=style or ""), soft_wrap=True, highlight=False)
+
+
+def _remaining_s(report: dict) -> float | None:
+    """Seconds a running trial has left at the tokens/s it measures; None before it measures."""
+    rate, total = report.get("tokens_per_s"), report.get("total_tokens")
+    if not rate or total is None:
+        return None
+    return max(0.0, (total - report["tokens"]) / rate)
+
+
+def _trial_info(report: dict) -> str:
+    loss = report.get("train_loss")
+    rate = report.get("tokens_per_s")
+    return " ".join(part for part in (f"loss {loss:.3f}" if loss is not None else "",
+                                      f"{si(rate)} tok/s" if rate else "") if part)
+
+
+def trial_line(report: dict) -> str:
+    """A running trial in plain words: ``step 120/400, loss 2.310, 5.1k tokens/s, ETA 40s``."""
+    parts = [f"step {report['step']}/{report['total_steps']}"]
+    if report.get("train_loss") is not None:
+        parts.append(f"loss {report['train_loss']:.3f}")
+    if report.get("tokens_per_s"):
+        parts.append(f"{si(report['tokens_per_s'])} tokens/s")
+    left = _remaining_s(report)
+    if left is not None:
+        parts.append(f"ETA {duration(left)}")
+    return ", ".join(parts)
+
+
+def _eta_text(seconds: float | None) -> str:
+    return "" if seconds is None else f"ETA {duration(seconds)}"

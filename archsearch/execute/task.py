@@ -16,9 +16,10 @@ from archsearch.execute.preflight import use_kernel_settings
 
 def _trial_task(payload: dict):
     """Runs inside a Ray worker: yields ("resumed", step) when it starts from
-    a checkpoint, ("eval", row) as the trial evaluates, then ("result",
-    TrialResult dict). Training runs on a thread so its evaluations can
-    leave while it goes on."""
+    a checkpoint, ("eval", row) as the trial evaluates, ("progress", {"at":
+    report, "rows": training-loss rows}) every few seconds as it trains (see
+    ``train.progress``), then ("result", TrialResult dict). Training runs on
+    a thread so what it reports can leave while it goes on."""
     if payload.get("nice") is not None:  # first, so every thread the trial starts inherits it
         renice(payload["nice"])
     import queue
@@ -28,7 +29,7 @@ def _trial_task(payload: dict):
     from archsearch.train import checkpoint, train_trial
 
     use_kernel_settings(payload["kernels"])
-    rows: queue.Queue = queue.Queue()
+    items: queue.Queue = queue.Queue()
     outcome: dict = {}
     location = payload["checkpoint_dir"]
     # Object storage: train into a local folder, mirrored there after each write.
@@ -42,12 +43,13 @@ def _trial_task(payload: dict):
                 outcome["result"] = train_trial(
                     spec=ArchSpec.from_dict(payload["spec"]), recipe=payload["recipe"], data=payload["data"],
                     seed=payload["seed"], threads=payload["threads"], checkpoint_dir=local or location,
-                    stop_at=payload["stop_at"], on_eval=rows.put, rank=rank,
+                    stop_at=payload["stop_at"], rank=rank, on_eval=lambda row: items.put(("eval", row)),
+                    on_progress=lambda at, rows: items.put(("progress", {"at": at, "rows": rows})),
                     on_checkpoint=(lambda folder: checkpoint.push(folder, location)) if local else None).to_dict()
         except BaseException as err:  # re-raised below, in the task's own thread
             outcome["error"] = err
         finally:
-            rows.put(None)
+            items.put(None)
             if local is not None:
                 shutil.rmtree(local, ignore_errors=True)
 
@@ -56,8 +58,8 @@ def _trial_task(payload: dict):
         yield ("resumed", int(found.name.removeprefix(checkpoint.STEP_PREFIX)))
     thread = threading.Thread(target=train, name="trial", daemon=True)
     thread.start()
-    while (row := rows.get()) is not None:
-        yield ("eval", row)
+    while (item := items.get()) is not None:
+        yield item
     thread.join()
     if "error" in outcome:
         raise outcome["error"]

@@ -175,6 +175,10 @@ class Recipe(Strict):
     eval_every: int = Field(default=50, ge=1, description="steps between evaluations (and checkpoints)")
     eval_batches: int = Field(default=4, ge=1, le=100_000,
                               description="validation batches per evaluation, the same each time")
+    log_every: int = Field(default=10, ge=1, le=10**9,
+                           description="steps between points of the stored training-loss curve (the mean loss "
+                                       "of the steps since the last point); changes what is reported, not the "
+                                       "result, so it is no part of a trial's id")
     autocast: Literal["auto", "bf16", "off"] = Field(default="auto", description="auto: bf16 on CUDA, off on CPU")
     compile: bool = Field(default=False, description="torch.compile the model")
     gate_steps: int = Field(
@@ -205,6 +209,16 @@ class Recipe(Strict):
         if self.batch_size % self.grad_accum:
             raise ValueError(f"grad_accum={self.grad_accum} must divide batch_size={self.batch_size}")
         return self
+
+
+# Recipe fields that change only what a trial reports, never what it trains: left out of
+# every hash of what decides a result (trial ids, checkpoint fingerprints).
+REPORTING_ONLY = frozenset({"log_every"})
+
+
+def deciding(recipe: dict) -> dict:
+    """A dumped recipe without its ``REPORTING_ONLY`` fields: what decides the trained model."""
+    return {key: value for key, value in recipe.items() if key not in REPORTING_ONLY}
 
 
 def planned_steps(recipe: dict, *, params: int, seq_len: int) -> int:

@@ -24,16 +24,18 @@ import pyarrow as pa
 
 from archsearch.errors import StoreError, StoreFullError
 from archsearch.files import kind_problem, output_problem
+from archsearch.store.live import LIVE_SCHEMA, LiveTables
 from archsearch.store.side import SideTables
 from archsearch.store.values import _finite, _now, code_version
 from archsearch.store.runlock import run_alive
 
 # Bump when a table changes shape; an older store is refused with a clear line, unless
 # MIGRATIONS takes it forward (done when it is opened for writing; a reader reads it as it is).
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 # version -> the SQL that makes a store of that version the next one
 MIGRATIONS = {
     "2": "ALTER TABLE trials ADD COLUMN IF NOT EXISTS same_as VARCHAR",  # 3: twins share one training
+    "3": LIVE_SCHEMA,  # 4: training-loss curves and running trials' progress
 }
 
 # layer_profiles: analyses of trained models (archsearch inspect), one row per layer or
@@ -73,7 +75,7 @@ CREATE TABLE IF NOT EXISTS metrics (
     trial_id VARCHAR, step BIGINT, tokens BIGINT, train_loss DOUBLE, val_loss DOUBLE, val_accuracy DOUBLE,
     lr DOUBLE, loop_fraction DOUBLE, loop_time_ratio DOUBLE,
     PRIMARY KEY (trial_id, step));
-"""
+""" + LIVE_SCHEMA
 
 
 # The generalisation gap at the end of training, a column of every trials read: the last
@@ -83,11 +85,11 @@ CREATE TABLE IF NOT EXISTS metrics (
 GEN_GAP = "val_loss - train_loss AS gen_gap"
 
 # Every table of the store, in the order export writes them.
-TABLES = ("studies", "study_versions", "trials", "study_trials", "metrics", "trial_rungs", "search_proposals",
-          "fidelity_ladders", "layer_profiles")
+TABLES = ("studies", "study_versions", "trials", "study_trials", "metrics", "train_points", "trial_rungs",
+          "search_proposals", "fidelity_ladders", "layer_profiles")
 
 
-class Store(SideTables):
+class Store(SideTables, LiveTables):
     """A DuckDB file of results. Open with ``open_store(path)``.
 
     DuckDB lets one process write a file and no other process read it while
@@ -180,6 +182,7 @@ class Store(SideTables):
         except duckdb.CatalogException:
             rows = []
         version = rows[0][0] if rows else None
+        self.version = int(version) if version and version.isdigit() else 0
         if not self.read_only:
             while version in MIGRATIONS:  # each step whole or not at all
                 con.execute("BEGIN TRANSACTION")
@@ -187,6 +190,7 @@ class Store(SideTables):
                 version = str(int(version) + 1)
                 con.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", [version])
                 con.execute("COMMIT")
+                self.version = int(version)
         if version != str(SCHEMA_VERSION) and not (self.read_only and version in MIGRATIONS):
             raise StoreError(f"{self.path} was written by another version of archsearch (schema "
                              f"{version or 'unknown'}, this one reads {SCHEMA_VERSION}); "
@@ -336,6 +340,9 @@ class Store(SideTables):
             con.execute("DELETE FROM metrics WHERE trial_id = ?", [trial_id])
             con.execute("INSERT INTO metrics SELECT ? AS trial_id, * EXCLUDE (trial_id) FROM metrics "
                         "WHERE trial_id = ?", [trial_id, source])
+            con.execute("DELETE FROM train_points WHERE trial_id = ?", [trial_id])
+            con.execute("INSERT INTO train_points SELECT ? AS trial_id, * EXCLUDE (trial_id) FROM train_points "
+                        "WHERE trial_id = ?", [trial_id, source])
         return status
 
     @staticmethod
@@ -425,7 +432,9 @@ class Store(SideTables):
         folder.mkdir(parents=True, exist_ok=True)
         out = []
         with self._connect() as con:
-            for table in TABLES:
+            # a store older than a table (read as it is) exports what it has
+            present = {row[0] for row in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+            for table in (name for name in TABLES if name in present):
                 path = folder / f"{table}.parquet"
                 problem = output_problem(path)
                 if problem is not None:  # a named pipe there would block the COPY until someone reads it

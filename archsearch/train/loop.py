@@ -28,7 +28,9 @@ from archsearch.arch.structures.stack import LanguageModel
 from archsearch.budget import count_params
 from archsearch.data import IGNORE, Batch, Source, make_source
 from archsearch.train import checkpoint
+from archsearch.space.training import deciding
 from archsearch.train.distributed import Rank, data_parallel, mean, shard
+from archsearch.train.progress import OnProgress, Reporter
 from archsearch.train.recipe import adamw, lr_at, recipe_lr, resolve_steps
 
 
@@ -53,7 +55,7 @@ def train_trial(*, spec: ArchSpec, recipe: dict, data: dict | Source, seed: int,
                 on_eval: Callable[[dict], None] | None = None, device: str | torch.device | None = None,
                 checkpoint_dir: str | Path | None = None, checkpoint_every: int | None = None,
                 stop_at: float | None = None, on_checkpoint: Callable[[Path], None] | None = None,
-                rank: Rank | None = None) -> TrialResult:
+                rank: Rank | None = None, on_progress: OnProgress | None = None) -> TrialResult:
     """Train ``spec`` with ``recipe`` (a dumped ``Recipe``) on ``data`` and evaluate.
 
     ``data`` is a dumped data config or a ready Source. Seeds torch, the data
@@ -69,6 +71,9 @@ def train_trial(*, spec: ArchSpec, recipe: dict, data: dict | Source, seed: int,
     budget, so a later call continues exactly as an uninterrupted run.
     ``rank``: one of several data-parallel workers (see ``distributed``);
     every rank restores from ``checkpoint_dir``, only rank 0 writes there.
+    ``on_progress(report, rows)`` hears every few seconds where training is
+    and the training-loss rows (every ``recipe.log_every`` steps) since the
+    last call (see ``progress.Reporter``); on rank 0 only.
     """
     if threads is not None:
         torch.set_num_threads(threads)
@@ -78,10 +83,19 @@ def train_trial(*, spec: ArchSpec, recipe: dict, data: dict | Source, seed: int,
     save_every = checkpoint_every or recipe["eval_every"]
     saves = checkpoint_dir is not None and run.writes
     start = time.perf_counter() - run.state.elapsed_s
+    reporter = None
+    if on_progress is not None and run.writes:
+        reporter = Reporter(on_progress=on_progress, log_every=recipe.get("log_every", 10), total_steps=run.stop,
+                            step=run.state.step, tokens=run.state.tokens)
     with _carrying(run):
         for step in range(run.state.step, run.stop):
-            lr = _train_step(run, step)
+            lr, loss = _train_step(run, step)
+            if reporter is not None:
+                reporter.after_step(step=run.state.step, tokens=run.state.tokens, loss=loss, lr=lr,
+                                    curve=step < run.steps)
             if run.state.step % recipe["eval_every"] == 0 or run.state.step in (run.steps, run.stop, run.total):
+                if reporter is not None:  # the training curve up to here before the evaluation's point
+                    reporter.flush()
                 row = _evaluation_row(run, lr)
                 if on_eval is not None and run.writes:
                     on_eval(row)
@@ -175,8 +189,8 @@ def _carrying(run: _Run) -> contextlib.AbstractContextManager:
     return run.model.carrying()
 
 
-def _train_step(run: _Run, step: int) -> float:
-    """One optimizer step at ``step``: the model's, or in the gate stage the gate's; its lr."""
+def _train_step(run: _Run, step: int) -> tuple[float, float]:
+    """One optimizer step at ``step``: the model's, or in the gate stage the gate's; its lr and loss."""
     recipe, state = run.recipe, run.state
     gate_only = step >= run.steps
     if gate_only:
@@ -195,7 +209,7 @@ def _train_step(run: _Run, step: int) -> float:
     state.step, state.tokens = step + 1, state.tokens + batch.inputs.numel()
     # in the gate stage train_loss is the gate's loss, not averaged with the LM's
     state.recent = (([] if step == run.steps else state.recent) + [loss])[-10:]
-    return lr
+    return lr, loss
 
 
 def _evaluation_row(run: _Run, lr: float) -> dict:
@@ -397,7 +411,7 @@ def _seq_len(source: Source) -> int:
 
 def _fingerprint(spec: ArchSpec, recipe: dict, data: dict | Source, seed: int) -> str:
     described = data if isinstance(data, dict) else type(data).__name__
-    blob = json.dumps({"spec": spec.to_dict(), "recipe": recipe, "data": described, "seed": seed},
+    blob = json.dumps({"spec": spec.to_dict(), "recipe": deciding(recipe), "data": described, "seed": seed},
                       sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
