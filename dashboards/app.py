@@ -16,6 +16,7 @@ it by HTTP Basic authentication (dash-auth).
 from __future__ import annotations
 
 import heapq
+import json
 import hmac
 import logging
 from pathlib import Path
@@ -23,7 +24,8 @@ from pathlib import Path
 import plotly.graph_objects as go
 from archsearch_dashboards.arms import axis_text, group_labels, varying_axes
 from archsearch_dashboards.figures import TEMPLATE, plan_figure
-from archsearch_dashboards.report import completed_rows, curve_metrics, curve_trials, search_figures, views
+from archsearch_dashboards.report import completed_rows, curve_points, curve_trials, search_figures, views
+from archsearch_dashboards.training import training_figure
 
 import archsearch as A
 
@@ -32,7 +34,7 @@ MAX_TRIAL_OPTIONS = 1_000
 # the longest text and the most values a filter takes from a client: far past any store's names
 MAX_INPUT_CHARS = 1_000
 MAX_INPUT_VALUES = 10_000
-VIEWS = ("scaling", "comparison", "pareto", "parallel", "curves", "plan", "history", "importance")
+VIEWS = ("training", "scaling", "comparison", "pareto", "parallel", "curves", "plan", "history", "importance")
 SEARCH_VIEWS = ("history", "importance")  # a sampled search's; a grid's study has neither
 
 
@@ -42,10 +44,22 @@ def load(store: str | Path, study: str | None) -> tuple[list[dict], list[str]]:
         return completed_rows(db, study), db.studies().column("name").to_pylist()
 
 
-def load_curves(store: str | Path, rows: list[dict]) -> list[dict]:
-    """Thinned metric rows of the trials whose curves are drawn (see ``report.curve_trials``)."""
+def load_curves(store: str | Path, rows: list[dict], running: list[dict] = ()) -> tuple[list[dict], list[dict]]:
+    """Thinned evaluation and training-loss rows of the trials whose curves are drawn (see
+    ``report.curve_trials``) and of the ``running`` ones."""
     with A.open_store(store, read_only=True) as db:
-        return curve_metrics(db, curve_trials(rows))
+        return curve_points(db, curve_trials(rows) + [t["trial_id"] for t in running])
+
+
+def load_running(store: str | Path, study: str | None) -> list[dict]:
+    """The trials of ``study`` (None: all) that train now, each with its latest ``progress`` report (or
+    None before its first), ``axes`` decoded."""
+    with A.open_store(store, read_only=True) as db:
+        rows = db.sql("SELECT trial_id, family, axes FROM trials WHERE status = 'running'"
+                      + (" AND trial_id IN (SELECT trial_id FROM study_trials WHERE study = ?)" if study else "")
+                      + " ORDER BY trial_id", [study] if study else None).to_pylist()
+        progress = db.progress(study)
+    return [dict(row, axes=json.loads(row["axes"]), progress=progress.get(row["trial_id"])) for row in rows]
 
 
 def load_search(store: str | Path, study: str | None, studies: list[str]) -> dict[str, go.Figure]:
@@ -113,6 +127,7 @@ def refresh(store: str | Path, *, study: str | None = None, families: list[str] 
     """Everything one redraw shows: the figures by view name, a summary line,
     and the options of each filter (families, axes, values, trials)."""
     everything, studies = load(store, study)
+    running = filter_rows(load_running(store, study), families=families, axis=axis, values=values)
     rows = filter_rows(everything, families=families, axis=axis, values=values)
     axes = varying_axes(rows)
     # the plan's dropdown offers the best trials only: a browser list of 100,000 would not open
@@ -123,15 +138,24 @@ def refresh(store: str | Path, *, study: str | None = None, families: list[str] 
                       for r, label in zip(ranked, group_labels(ranked, axes))]}
     if not rows:
         what = "no completed trials yet" if not everything else "no trials match the filters"
-        out.update(summary=what, figures={name: empty_figure(what) for name in VIEWS})
+        figures = {name: empty_figure(what) for name in VIEWS}
+        if running:  # what trains now shows before anything has finished
+            figures["training"] = training_figure([], load_curves(store, [], running)[1], running)
+        out.update(summary=_summary(what, running), figures=figures)
         return out
-    figures = {**views(rows, load_curves(store, rows)), **load_search(store, study, studies)}
+    metrics, train = load_curves(store, rows, running)
+    figures = {**views(rows, metrics, train), **load_search(store, study, studies)}
+    figures["training"] = training_figure(rows, train, running)
     chosen = next((r for r in rows if r["trial_id"] == trial), None)
     if chosen is not None:
         figures["plan"] = plan_figure(chosen)
-    out.update(figures=figures, summary=f"{len(rows)} of {len(everything)} completed trials shown "
-                                        f"({study or 'all studies'})")
+    out.update(figures=figures, summary=_summary(f"{len(rows)} of {len(everything)} completed trials shown "
+                                                 f"({study or 'all studies'})", running))
     return out
+
+
+def _summary(line: str, running: list[dict]) -> str:
+    return f"{line}; {len(running)} training now" if running else line
 
 
 def warm_up() -> None:

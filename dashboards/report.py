@@ -26,6 +26,8 @@ from archsearch_dashboards.figures import (
     scaling_figure,
 )
 
+from archsearch_dashboards.training import training_figure
+
 from archsearch.analysis import completed_trials, pareto_front
 from archsearch.store import Store
 
@@ -89,18 +91,25 @@ def curve_metrics(store: Store, trial_ids: list[str], points: int = MAX_CURVE_PO
         [trial_ids, points, points]).to_pylist()
 
 
-def views(rows: list[dict], metrics: list[dict]) -> dict[str, go.Figure]:
-    """Every view of the report and the app, by name; the plan is the best trial's."""
+def views(rows: list[dict], metrics: list[dict], train: list[dict] = ()) -> dict[str, go.Figure]:
+    """Every view of the report and the app, by name; the plan is the best trial's. ``metrics``
+    and ``train`` are the drawn trials' evaluation and training-loss points (``curve_points``)."""
     best = min(rows, key=lambda r: r["val_loss"])
     return {"scaling": scaling_figure(rows), "comparison": comparison_figure(rows),
             "pareto": pareto_figure(rows, objectives=DEFAULT_OBJECTIVES), "parallel": parallel_figure(rows),
-            "curves": curves_figure(rows, metrics), "plan": plan_figure(best)}
+            "curves": curves_figure(rows, metrics), "training": training_figure(rows, list(train)),
+            "plan": plan_figure(best)}
+
+
+def curve_points(store: Store, trial_ids: list[str]) -> tuple[list[dict], list[dict]]:
+    """The evaluation and training-loss points of ``trial_ids``, each thinned in the store."""
+    return curve_metrics(store, trial_ids), store.train_points(trial_ids, points=MAX_CURVE_POINTS)
 
 
 def report_figures(store: Store, study: str | None, rows: list[dict] | None = None) -> dict[str, go.Figure]:
     """Every figure of the report by name: the views, then ``profile-I`` per stored analysis."""
     rows = rows if rows is not None else _rows(store, study)
-    figures = {**views(rows, curve_metrics(store, curve_trials(rows))), **search_figures(store, study)}
+    figures = {**views(rows, *curve_points(store, curve_trials(rows))), **search_figures(store, study)}
     for i, fig in enumerate(profile_figures(profile_rows(store, {r["trial_id"] for r in rows}))):
         figures[f"profile-{i}"] = fig
     return figures

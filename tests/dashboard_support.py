@@ -38,6 +38,12 @@ def result(val_loss: float, *, points: int = 5) -> dict:
                 tokens=640 * points, wall_time_s=1.0, tokens_per_s=640.0, curve=curve)
 
 
+def train_points(trial_id: str, val_loss: float, *, steps: int = 50, every: int = 5) -> list[tuple[str, dict]]:
+    """The training-loss rows a run logs every ``every`` steps, falling towards ``val_loss``."""
+    return [(trial_id, dict(step=step, tokens=64 * step, train_loss=val_loss + 5.0 / step, lr=1e-3,
+                            tokens_per_s=640.0)) for step in range(every, steps + 1, every)]
+
+
 def arms(shapes=("uniform", "cosine", "reverse")) -> list[tuple[str, dict, int | None]]:
     """(family, axes, loops) of every arm."""
     out = [("transformer", {"taper.shape": shape}, None) for shape in shapes]
@@ -63,5 +69,6 @@ def write_store(path, *, study: str = "s", shapes=("uniform", "cosine", "reverse
         store.add_trials(study, planned)
         if finish:
             for trial_id, loss in ids:
+                store.add_train_points(train_points(trial_id, loss))
                 store.finish(trial_id, result(loss))
     return [trial_id for trial_id, _ in ids]

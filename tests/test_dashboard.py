@@ -50,6 +50,30 @@ def test_every_view_is_drawn_with_fits_and_a_filter_by_family_changes_them(store
     assert arms == {"loops=2", "loops=4"}  # within one family only the loop count still varies
 
 
+def test_the_training_view_draws_a_running_trial_before_anything_finishes(tmp_path):
+    """Nothing has finished, one trial trains: the training view draws its stored training-loss
+    points and says where it is; once it finishes it is drawn among its arm's curves."""
+    from tests.dashboard_support import train_points
+
+    path = tmp_path / "running.duckdb"
+    ids = write_store(path, finish=False)
+    with A.open_store(path) as db:
+        db.mark_running(ids[0])
+        db.add_train_points(train_points(ids[0], 3.0, steps=30, every=10))
+        db.record_progress({ids[0]: dict(step=30, total_steps=100, tokens=1920, total_tokens=6400, train_loss=3.2,
+                                         tokens_per_s=640.0, elapsed_s=3.0)})
+    view = refresh(path)
+    assert view["summary"] == "no completed trials yet; 1 training now"
+    (trace,) = view["figures"]["training"].data
+    assert list(trace.x) == [640, 1280, 1920] and list(trace.y) == pytest.approx([3.5, 3.25, 3 + 5 / 30])
+    assert trace.name.startswith(ids[0][:8]) and "running, step 30/100" in trace.name
+    with A.open_store(path) as db:
+        db.forget_progress([ids[0]])
+        db.finish(ids[0], result(3.0))
+    (trace,) = refresh(path)["figures"]["training"].data
+    assert "running" not in trace.name and len(trace.x) == 3
+
+
 def test_a_filter_by_axis_value_and_the_chosen_trials_plan(store):
     """Filtering loops to 4 leaves its 3 trials; the plan of a looped trial
     draws its mixers by layer and says it loops."""

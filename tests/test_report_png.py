@@ -43,7 +43,7 @@ def test_report_png_writes_every_view_at_the_report_size(tmp_path, monkeypatch):
     result = CliRunner().invoke(app, ["report", "--store", str(store), "--png", "png"])
     assert result.exit_code == 0, result.output
     names = {p.stem for p in (tmp_path / "png").glob("*.png")}
-    assert names == {"scaling", "comparison", "pareto", "parallel", "curves", "plan"}
+    assert names == {"scaling", "comparison", "pareto", "parallel", "curves", "training", "plan"}
     assert [line.split(": ", 1)[0] for line in result.output.splitlines()] == ["png"] * len(names)
     for path in (tmp_path / "png").glob("*.png"):
         assert png_size(path) == (1000, 520), path
