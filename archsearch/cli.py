@@ -461,16 +461,18 @@ def report(output: Annotated[Optional[Path], typer.Option(
     """A self-contained interactive HTML report, or its figures as PNG files."""
     from archsearch_dashboards.report import write_pngs, write_report
 
+    from archsearch.terminal import REPORT_WORK, doing
+
     with reading(store, study) as db:
         if png is not None:
-            with _writing(png, "PNG files to"):
+            with _writing(png, "PNG files to"), doing("drawing each figure as a PNG (through Chromium)"):
                 for path in write_pngs(db, png, study=study):
                     typer.echo(f"png: {path}")
             if output is None:
                 return
         names = db.studies().column("name").to_pylist()
         output = output or _default_report(study or (names[0] if len(names) == 1 else None))
-        with _writing(output, "the report"):
+        with _writing(output, "the report"), doing(REPORT_WORK):
             path = write_report(db, output, study=study)
     typer.echo(f"report: {path}")
 

@@ -14,6 +14,9 @@ import json
 import os
 import re
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from rich import box
@@ -43,6 +46,24 @@ def console(*, width: int | None = None) -> Console:
     if width is None and not (sys.stdout.isatty() or os.environ.get("COLUMNS")):
         width = UNBOUNDED
     return Console(width=width, markup=False, emoji=False, highlight=False)
+
+
+@contextmanager
+def doing(what: str, *, after_s: float = 1.0) -> Iterator[None]:
+    """Say on stderr that ``what`` is being done: a spinner on a terminal while it lasts, else one
+    line once it has taken ``after_s`` seconds (work quicker than that passes in silence)."""
+    err = Console(stderr=True, markup=False, emoji=False, highlight=False)
+    if err.is_terminal:
+        with err.status(what):
+            yield
+        return
+    timer = threading.Timer(after_s, lambda: err.print(f"{what} ...", soft_wrap=True))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
 
 
 def short_ids(ids: list[str]) -> dict[str, str]:
@@ -308,6 +329,9 @@ def _fit_number(value) -> str:
     return _fmt(value)
 
 
+REPORT_WORK = "writing the report (scaling fits with bootstrap bands, then the figures)"
+
+
 def run_summary(summary, *, store: Path, report: Path, retry: str = "", attempts: int = 0) -> None:
     """After a run: counts, the best trial, the front, and the report path; the failed trials
     left as they are after ``attempts`` attempts, with ``retry``, the command that trains them."""
@@ -342,7 +366,8 @@ def run_summary(summary, *, store: Path, report: Path, retry: str = "", attempts
         out.print(f"best trial {plain(best['trial_id'])}: val_loss {best['val_loss']:.4f} at "
                   f"{best['params']:,} non-embedding params ({axes})")
         front_table(pareto_front(rows, DEFAULT_OBJECTIVES), ["val_loss", "params"])
-        path = write_report(db, report, study=summary.study)
+        with doing(REPORT_WORK):
+            path = write_report(db, report, study=summary.study)
     out.print(f"report: {plain(path)}", soft_wrap=True)
 
 
@@ -355,9 +380,7 @@ def status_tables(db, *, study: str | None, as_json: bool, wide: bool = False) -
     trials = db.trials(study).to_pylist()
     ladders = db.ladders(study).to_pylist()
     checks = db.checks(study)
-    # where each running trial is: its latest report, none for a trial that stopped
-    progress = {trial_id: report for trial_id, report in db.progress(study).items()
-                if any(t["trial_id"] == trial_id and t["status"] == "running" for t in trials)}
+    progress = db.progress(study)  # where each running trial is
     if as_json:
         # the store keeps a trial's axes, spec, recipe and data as JSON text: given as the objects they are
         objects = [{**t, **{k: json.loads(t[k]) for k in ("axes", "spec", "recipe", "data")

@@ -52,14 +52,15 @@ def load_curves(store: str | Path, rows: list[dict], running: list[dict] = ()) -
 
 
 def load_running(store: str | Path, study: str | None) -> list[dict]:
-    """The trials of ``study`` (None: all) that train now, each with its latest ``progress`` report (or
-    None before its first), ``axes`` decoded."""
+    """The trials of ``study`` (None: all) that train now and have reported, each with its latest
+    ``progress`` report and its ``family`` and ``axes`` (decoded)."""
     with A.open_store(store, read_only=True) as db:
-        rows = db.sql("SELECT trial_id, family, axes FROM trials WHERE status = 'running'"
-                      + (" AND trial_id IN (SELECT trial_id FROM study_trials WHERE study = ?)" if study else "")
-                      + " ORDER BY trial_id", [study] if study else None).to_pylist()
         progress = db.progress(study)
-    return [dict(row, axes=json.loads(row["axes"]), progress=progress.get(row["trial_id"])) for row in rows]
+        if not progress:
+            return []
+        rows = db.sql("SELECT trial_id, family, axes FROM trials WHERE trial_id IN (SELECT unnest(?::VARCHAR[])) "
+                      "ORDER BY trial_id", [list(progress)]).to_pylist()
+    return [dict(row, axes=json.loads(row["axes"]), progress=progress[row["trial_id"]]) for row in rows]
 
 
 def load_search(store: str | Path, study: str | None, studies: list[str]) -> dict[str, go.Figure]:

@@ -62,7 +62,10 @@ def test_the_training_view_draws_a_running_trial_before_anything_finishes(tmp_pa
         db.add_train_points(train_points(ids[0], 3.0, steps=30, every=10))
         db.record_progress({ids[0]: dict(step=30, total_steps=100, tokens=1920, total_tokens=6400, train_loss=3.2,
                                          tokens_per_s=640.0, elapsed_s=3.0)})
-    view = refresh(path)
+    from archsearch.store import RunLock
+
+    with RunLock(path, study="s"):  # its run is alive
+        view = refresh(path)
     assert view["summary"] == "no completed trials yet; 1 training now"
     (trace,) = view["figures"]["training"].data
     assert list(trace.x) == [640, 1280, 1920] and list(trace.y) == pytest.approx([3.5, 3.25, 3 + 5 / 30])

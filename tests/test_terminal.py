@@ -234,3 +234,45 @@ def test_the_run_summary_front_names_both_baselines_and_shows_a_shared_training_
     assert ("param-2 (+1): one training gives the result of 2 arms (twins: same spec, data, recipe and seed): "
             "loops=2, baseline (iso-param: 2-layer stack); loops=4, baseline (iso-param: 2-layer stack)"
             ) in " ".join(out.split())
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_status_says_where_each_running_trial_is(tmp_path, trials, capsys, monkeypatch, width):
+    """A running trial's latest report under the table (its step of how many, loss, speed, ETA and how
+    old the report is), whole at 80 columns; a trial that stopped shows none, whatever it reported."""
+    path = tmp_path / "running.duckdb"
+    report = dict(step=120, total_steps=400, tokens=120 * 64, total_tokens=400 * 64, train_loss=2.31,
+                  tokens_per_s=5120.0, elapsed_s=2.0)
+    with A.open_store(path) as db:
+        db.add_study(name="tiny", path="study.yaml", config={})
+        db.add_trials("tiny", [t.to_dict() for t in trials])
+        db.mark_running(trials[0].trial_id)
+        db.mark_running(trials[1].trial_id)
+        db.record_progress({trials[0].trial_id: report, trials[1].trial_id: report})
+        db.fail(trials[1].trial_id, "ValueError: gone")
+    from archsearch.store import RunLock
+
+    with RunLock(path, study="tiny"), A.open_store(path, read_only=True) as db:  # its run is alive
+        out = printed(capsys, monkeypatch, width, terminal.status_tables, db, study="tiny", as_json=False)
+        terminal.status_tables(db, study="tiny", as_json=True)
+    with A.open_store(path, read_only=True) as db:  # its run has gone: the trial was interrupted
+        assert db.progress("tiny") == {}
+    _fits(out, width)
+    # 280 steps of 64 tokens at 5120 tokens/s: 3.5 s
+    assert f"  trial {trials[0].trial_id[:8]}: step 120/400, loss 2.310, 5.12k tokens/s, ETA 4 s (reported" in out
+    assert trials[1].trial_id[:8] + ":" not in out
+    objects = {t["trial_id"]: t for t in json.loads(capsys.readouterr().out)["trials"]}
+    assert objects[trials[0].trial_id]["progress"]["step"] == 120 and "progress" not in objects[trials[1].trial_id]
+
+
+def test_slow_work_says_what_it_does_and_quick_work_passes_in_silence(capsys):
+    import time
+
+    with terminal.doing("fitting everything", after_s=60):
+        pass
+    assert capsys.readouterr().err == ""
+    with terminal.doing("fitting everything", after_s=0.0):
+        deadline = time.monotonic() + 30
+        while "fitting everything ..." not in capsys.readouterr().err:
+            assert time.monotonic() < deadline, "no line said what was being done"
+            time.sleep(0.01)

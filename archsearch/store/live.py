@@ -2,8 +2,8 @@
 (``train_points``, a row every ``recipe.log_every`` steps) and where each
 running trial is now (``trial_progress``, one row a trial, replaced every few
 seconds). A mixin of ``Store``, which gives it ``_within`` (a write
-transaction), ``sql`` (a read) and ``version`` (a store older than these
-tables reads as having none)."""
+transaction), ``sql`` (a read), ``_status`` (the status a reader sees) and
+``version`` (a store older than these tables reads as having none)."""
 
 from __future__ import annotations
 
@@ -55,13 +55,16 @@ class LiveTables:
                             [trial_ids])
 
     def progress(self, study: str | None = None) -> dict[str, dict]:
-        """The latest progress report of each trial that sent one and has not stopped, by trial id,
-        with ``age_s``: seconds since the driver stored it."""
+        """The latest progress report of each trial that trains now (``running``, its run alive), by
+        trial id, with ``age_s``: seconds since the driver stored it."""
         if self.version < LIVE_SINCE:
             return {}
-        join = "JOIN study_trials st USING (trial_id) WHERE st.study = ?" if study else ""
+        where = f"{self._status('t.')} = 'running'"
+        if study:
+            where += " AND t.trial_id IN (SELECT trial_id FROM study_trials WHERE study = ?)"
         rows = self.sql("SELECT p.*, epoch(now() - p.updated_at) AS age_s FROM trial_progress p "
-                        f"{join} ORDER BY trial_id", [study] if study else None).to_pylist()
+                        f"JOIN trials t USING (trial_id) WHERE {where} ORDER BY trial_id",
+                        [study] if study else None).to_pylist()
         return {row.pop("trial_id"): row for row in rows}
 
     def train_points(self, trial_ids: list[str], points: int | None = None) -> list[dict]:
