@@ -140,10 +140,12 @@ def test_twins_asked_together_train_once_and_both_rows_get_the_result(tmp_path):
     started = d._ask(4)
     assert [job.trial.trial_id for job in started] == [owner.trial_id]  # the twin is not started
     d._write([], [(job, 1) for job in started])
+    d.writer.flush()
     ended = d._with_twins([(started[0], "result", RESULT, 1.0, None)])
     assert [(job.trial.trial_id, source) for job, *_, source in ended] == [(owner.trial_id, None),
                                                                            (twin.trial_id, owner.trial_id)]
     d._write(ended, [])
+    d.writer.flush()
     got = rows(db)
     assert got[owner.trial_id]["status"] == got[twin.trial_id]["status"] == "completed"
     assert got[owner.trial_id]["val_loss"] == got[twin.trial_id]["val_loss"] == 2.5
@@ -168,8 +170,10 @@ def test_a_trial_proposed_again_while_it_trains_keeps_its_curve_and_counts_once(
     started = d._ask(4)
     assert [job.trial.trial_id for job in started] == [trial.trial_id]
     d._write([], [(job, 1) for job in started])
+    d.writer.flush()
     ended = d._with_twins([(started[0], "result", RESULT, 1.0, None)])
     d._write(ended, [])
+    d.writer.flush()
     assert d.counts == {"completed": 1, "failed": 0, "diverged": 0, "shared": 0}
     got = rows(db)[trial.trial_id]
     assert got["status"] == "completed" and got["same_as"] is None
@@ -231,7 +235,9 @@ def test_a_failed_training_fails_its_waiting_twin_with_the_same_error(tmp_path):
     d = scheduler(db, [base[1, 0], base[2, 0]])
     started = d._ask(4)
     d._write([], [(job, 1) for job in started])
+    d.writer.flush()
     d._write(d._with_twins([(started[0], "failed", "RuntimeError: out of memory", 1.0, None)]), [])
+    d.writer.flush()
     got = rows(db)[base[2, 0].trial_id]
     assert (got["status"], got["error"], got["same_as"]) == ("failed", "RuntimeError: out of memory",
                                                              base[1, 0].trial_id)

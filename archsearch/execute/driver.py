@@ -28,6 +28,7 @@ import time
 from collections import deque
 from contextlib import suppress
 from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ from archsearch.execute.preflight import (build_cpu_kernels, cpu_builds_missing,
                                           preflight_kernels)
 from archsearch.execute.progress import TrialProgress
 from archsearch.execute.task import _trial_task
+from archsearch.execute.writer import StoreWriter
 from archsearch.planner import PlannedTrial, plan, training_key, twin_lines
 from archsearch.search import Job, Searcher
 from archsearch.space.schema import Study
@@ -170,10 +172,12 @@ class _Scheduler:
     and records everything they report.
 
     What a pass through the loop gathers (results, failures, the trials it
-    starts, the search's records, and evaluation points at most
-    ``POINTS_EVERY_S`` old) is written in one transaction: on a busy machine
-    a DuckDB transaction costs tens of milliseconds, most of it opening and
-    closing the file, so a short trial costs one transaction, not four.
+    starts, the search's records, and evaluation and training-loss points and
+    progress at most ``POINTS_EVERY_S`` old) is handed to the store's writer
+    thread as one piece of work (see ``writer``): on a busy machine a DuckDB
+    transaction costs tens of milliseconds, most of it opening and closing
+    the file, so the loop never waits for one, and what queues while one is
+    written goes into the next together.
     """
 
     def __init__(self, searcher: Searcher, db: Store, task: Any, *, study: str, store: str | Path,
@@ -200,8 +204,17 @@ class _Scheduler:
         self.waiting_twins: dict[str, list[Job]] = {}
         self.twins_to_add: list[Job] = []
         self.twins_with_results: list[tuple] = []
+        self.writer = StoreWriter(db)
 
     def run(self, width: int) -> dict[str, int]:
+        """Train until the search has nothing left to start and nothing runs; the counts by status.
+        However it ends (an interrupt, an error), what was handed to the writer is written first."""
+        try:
+            return self._run(width)
+        finally:
+            self.writer.close()
+
+    def _run(self, width: int) -> dict[str, int]:
         while True:
             ended = self._with_twins([event for generator in self._ready() for event in self._take(generator)])
             for job, kind, value, _, _ in ended:  # told first, so a search can promote at once
@@ -216,14 +229,16 @@ class _Scheduler:
                    and time.monotonic() - self.points_since >= POINTS_EVERY_S)
             if ended or starting or due or self.twins_to_add:
                 self._write(ended, starting)
-            # Started only once the store says so: a kill in between leaves
-            # them `running` with no driver, which reads as interrupted.
+            # Started as their `running` is handed to the writer: a kill before it lands leaves
+            # them `planned`, one after it `running` with no driver (read as interrupted);
+            # either way `resume` trains them from their newest checkpoint.
             for job, attempt in starting:
                 self._submit(job, attempt=attempt)
             self.progress.update(completed=self.counts["completed"] + self.counts["shared"],
                                  running=len(self.running), failed=self.counts["failed"] + self.counts["diverged"])
             if not self.running and not self.retry_queue and not self.twins_with_results:
                 break
+        self.writer.flush()
         with self.db.transaction() as con:
             for trial, rung in self.searcher.pruned:
                 self.db.prune(trial.trial_id, rung=rung, rungs=self.searcher.rungs, con=con)
@@ -283,55 +298,81 @@ class _Scheduler:
         return ready
 
     def _write(self, ended: list[tuple], starting: list[tuple[Job, int]]) -> None:
-        """Points, ended trials, the search's records, the trials about to start: one transaction."""
-        with self.db.transaction() as con:
+        """Points, ended trials, the search's records, the trials about to start: handed to the
+        store's writer as one piece of work (one transaction, or part of one). What it tells the
+        terminal and the counts is worked out here, from the results themselves."""
+        twins = [job.trial.to_dict() for job in self.twins_to_add]
+        points, train_points = self.points, self.train_points
+        running = self._running_ids()
+        # a trial that ended has no progress left to show, whatever it reported this pass
+        reports = {k: v for k, v in self.reports.items() if k in running}
+        gone = [job.trial.trial_id for job, *_ in ended]
+        records, ladder = list(self.searcher.records), self.searcher.ladder and dict(self.searcher.ladder)
+        self.searcher.records.clear()
+        outcomes = [self._outcome(*entry) for entry in ended]
+        added = [job.trial.to_dict() for job, attempt in starting if attempt == 1]
+        # a promotion is no new attempt; a retry is
+        marks = [(job.trial.trial_id, attempt > 1 or not job.rung) for job, attempt in starting]
+        rungs = [(job.trial.trial_id, job.rung, job.stop_at or 1.0, value) for job, kind, value, _, source in ended
+                 if source is None and kind == "result" and job.rung is not None]
+        db, study = self.db, self.study
+
+        def write(con: Any) -> None:
             # first, so the twins handed out last pass have their rows before they share a result
-            self.db.add_trials(self.study, [job.trial.to_dict() for job in self.twins_to_add], con=con)
-            self.db.add_points(self.points, con=con)
-            self.db.add_train_points(self.train_points, con=con)
-            # a trial that ended has no progress left to show, whatever it reported this pass
-            self.db.record_progress({k: v for k, v in self.reports.items() if k in self._running_ids()}, con=con)
-            self.db.forget_progress([job.trial.trial_id for job, *_ in ended], con=con)
-            for job, kind, value, wall_s, source in ended:
-                trial_id = job.trial.trial_id
-                if source is not None:
-                    self._share(job, source, value, con=con)
-                    continue
-                if kind != "result":
-                    self.db.fail(trial_id, value, status=kind, con=con)
-                    self.counts[kind] += 1
-                    self.progress.note(f"trial {trial_id} {kind}: {value}")
-                    continue
-                if job.rung is not None:
-                    self.db.record_rung(trial_id, job.rung, job.stop_at or 1.0, value, con=con)
-                if job.stop_at is not None:
-                    status = self.db.pause(trial_id, value, con=con)
-                else:
-                    status = self.db.finish(trial_id, value, con=con)
-                if status != "paused":
-                    self.counts[status] += 1
-                self.progress.finished(trial_id=trial_id, label=_label(job.trial), status=status,
-                                       val_loss=value["val_loss"], wall_s=wall_s)
-            _store_search_records(self.searcher, self.db, self.study, con=con)
-            self.db.add_trials(self.study, [job.trial.to_dict() for job, attempt in starting if attempt == 1],
-                               con=con)
-            for job, attempt in starting:  # a promotion is no new attempt; a retry is
-                self.db.mark_running(job.trial.trial_id, new_attempt=attempt > 1 or not job.rung, con=con)
+            db.add_trials(study, twins, con=con)
+            db.add_points(points, con=con)
+            db.add_train_points(train_points, con=con)
+            db.record_progress(reports, con=con)
+            db.forget_progress(gone, con=con)
+            for trial_id, rung, fraction, value in rungs:
+                db.record_rung(trial_id, rung, fraction, value, con=con)
+            for record in outcomes:
+                record(con)
+            if records:
+                db.record_proposals(study, records, con=con)
+            if ladder is not None:
+                db.record_ladder(study, ladder, con=con)
+            db.add_trials(study, added, con=con)
+            for trial_id, new_attempt in marks:
+                db.mark_running(trial_id, new_attempt=new_attempt, con=con)
+
+        self.writer.put(write)
         self.points, self.train_points, self.reports = [], [], {}
         self.points_since, self.twins_to_add = time.monotonic(), []
 
-    def _share(self, job: Job, source: str, value: Any, *, con: Any) -> None:
-        """A twin takes the result (``value``, as it was told) of the trial that trained its model."""
-        trial_id = job.trial.trial_id
+    def _outcome(self, job: Job, kind: str, value: Any, wall_s: float, source: str | None) -> Callable[[Any], Any]:
+        """How one ended trial is recorded (given the transaction's connection), once its line is
+        printed and it is counted: its status follows from its result as the store would write it."""
+        trial_id, db = job.trial.trial_id, self.db
+        if source is not None:
+            return self._share(job, source, kind, value)
+        if kind != "result":
+            self.counts[kind] += 1
+            self.progress.note(f"trial {trial_id} {kind}: {value}")
+            return lambda con: db.fail(trial_id, value, status=kind, con=con)
+        status = "diverged" if divergence(value) else ("paused" if job.stop_at is not None else "completed")
+        if status != "paused":
+            self.counts[status] += 1
+        self.progress.finished(trial_id=trial_id, label=_label(job.trial), status=status,
+                               val_loss=value["val_loss"], wall_s=wall_s)
+        if job.stop_at is not None:
+            return lambda con: db.pause(trial_id, value, con=con)
+        return lambda con: db.finish(trial_id, value, con=con)
+
+    def _share(self, job: Job, source: str, kind: str, value: Any) -> Callable[[Any], Any]:
+        """A twin takes the result (``value``, as it was told) of the trial that trained its model:
+        its status is that trial's (completed, or as its training ended)."""
+        trial_id, db = job.trial.trial_id, self.db
         if trial_id == source:  # a sampler proposed this very trial again: its one row has its result
-            return
-        status = self.db.share(trial_id, source, con=con)
+            return lambda con: None
+        status = kind if kind != "result" else ("diverged" if divergence(value) else "completed")
         self.counts["shared" if status == "completed" else status] += 1
         if status == "completed":
             self.progress.finished(trial_id=trial_id, label=_label(job.trial), status=status,
                                    val_loss=value["val_loss"], wall_s=0.0, shared_with=source)
         else:
             self.progress.note(f"trial {trial_id} {status}, as trial {source} that trains the same model did")
+        return lambda con: db.share(trial_id, source, con=con)
 
     def _submit(self, job: Job, *, attempt: int) -> None:
         trial = job.trial

@@ -26,7 +26,7 @@ from archsearch.errors import StoreError, StoreFullError
 from archsearch.files import kind_problem, output_problem
 from archsearch.store.live import LIVE_SCHEMA, LiveTables
 from archsearch.store.side import SideTables
-from archsearch.store.values import _finite, _now, code_version
+from archsearch.store.values import _finite, _now, code_version, insert_rows
 from archsearch.store.runlock import run_alive
 
 # Bump when a table changes shape; an older store is refused with a clear line, unless
@@ -246,15 +246,11 @@ class Store(SideTables, LiveTables):
         if not rows:
             return
         with self._within(con) as con:
-            con.executemany(
-                "INSERT INTO trials (trial_id, family, axes, seed, match, target, params, total_params, "
-                "flops_per_token, match_error, achieved, state, d_model, num_layers, sweep_group, spec, recipe, "
-                "data, status, code_version, created_at, same_as) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-                "ON CONFLICT (trial_id) DO UPDATE SET same_as = excluded.same_as "
-                "WHERE trials.status IN ('planned', 'interrupted', 'failed', 'diverged')", rows)
-            con.executemany("INSERT INTO study_trials VALUES (?, ?) ON CONFLICT DO NOTHING",
-                            [[study, t["trial_id"]] for t in trials])
+            insert_rows(con, "INSERT INTO trials", TRIAL_COLUMNS, rows, key=1,
+                        tail="ON CONFLICT (trial_id) DO UPDATE SET same_as = excluded.same_as "
+                             "WHERE trials.status IN ('planned', 'interrupted', 'failed', 'diverged')")
+            insert_rows(con, "INSERT INTO study_trials", ["study", "trial_id"],
+                        [[study, t["trial_id"]] for t in trials], key=2, tail="ON CONFLICT DO NOTHING")
 
     def mark_interrupted(self) -> int:
         """Trials a dead run left ``running`` become ``interrupted``; call only
@@ -292,9 +288,8 @@ class Store(SideTables, LiveTables):
         reader sees their curves grow; ``finish`` later writes the whole curve."""
         if points:
             with self._within(con) as con:
-                con.executemany(
-                    "INSERT OR REPLACE INTO metrics VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    [_metric_row(trial_id, row) for trial_id, row in points])
+                insert_rows(con, "INSERT OR REPLACE INTO metrics", METRIC_COLUMNS,
+                            [_metric_row(trial_id, row) for trial_id, row in points], key=2)
 
     def finish(self, trial_id: str, result: dict, *, con: duckdb.DuckDBPyConnection | None = None) -> str:
         """Record a trained trial and its evaluation curve in one transaction.
@@ -314,8 +309,8 @@ class Store(SideTables, LiveTables):
             self._mark_sweep_best(con, trial_id)
             con.execute("DELETE FROM metrics WHERE trial_id = ?", [trial_id])
             if result["curve"]:
-                con.executemany("INSERT INTO metrics VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                                [_metric_row(trial_id, row) for row in result["curve"]])
+                insert_rows(con, "INSERT INTO metrics", METRIC_COLUMNS,
+                            [_metric_row(trial_id, row) for row in result["curve"]], key=2)
         return "diverged" if diverged else "completed"
 
     def share(self, trial_id: str, source: str, *, con: duckdb.DuckDBPyConnection | None = None) -> str:
@@ -486,6 +481,13 @@ def divergence(result: dict) -> str | None:
             return (f"{name} is {result[name]} after {result['steps']} steps (training diverged; "
                     "lower recipe.lr or weight_decay)")
     return None
+
+
+TRIAL_COLUMNS = ["trial_id", "family", "axes", "seed", "match", "target", "params", "total_params",
+                 "flops_per_token", "match_error", "achieved", "state", "d_model", "num_layers", "sweep_group", "spec",
+                 "recipe", "data", "status", "code_version", "created_at", "same_as"]
+METRIC_COLUMNS = ["trial_id", "step", "tokens", "train_loss", "val_loss", "val_accuracy", "lr", "loop_fraction",
+                  "loop_time_ratio"]
 
 
 def _metric_row(trial_id: str, row: dict) -> list:

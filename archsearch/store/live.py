@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import duckdb
 
-from archsearch.store.values import _finite, _now
+from archsearch.store.values import _finite, _now, insert_rows
 
 # The schema that first had these tables.
 LIVE_SINCE = 4
@@ -33,9 +33,10 @@ class LiveTables:
         a row of a step already stored (a resumed attempt) replaces it."""
         if points:
             with self._within(con) as con:
-                con.executemany("INSERT OR REPLACE INTO train_points VALUES (?, ?, ?, ?, ?, ?)",
-                                [[trial_id, r["step"], r["tokens"], _finite(r["train_loss"]), r["lr"],
-                                  _finite(r.get("tokens_per_s"))] for trial_id, r in points])
+                insert_rows(con, "INSERT OR REPLACE INTO train_points",
+                            ["trial_id", "step", "tokens", "train_loss", "lr", "tokens_per_s"],
+                            [[trial_id, r["step"], r["tokens"], _finite(r["train_loss"]), r["lr"],
+                              _finite(r.get("tokens_per_s"))] for trial_id, r in points], key=2)
 
     def record_progress(self, reports: dict[str, dict], *, con: duckdb.DuckDBPyConnection | None = None) -> None:
         """Where each running trial is (its latest ``train.progress`` report), by trial id."""

@@ -10,7 +10,7 @@ import json
 import duckdb
 import pyarrow as pa
 
-from archsearch.store.values import _finite, _now, code_version
+from archsearch.store.values import _finite, _now, code_version, insert_rows
 
 
 class SideTables:
@@ -54,10 +54,10 @@ class SideTables:
             for blob in set(blobs):
                 con.execute("DELETE FROM layer_profiles WHERE trial_id = ? AND analysis = ? "
                             "AND setting::VARCHAR = ?", [trial_id, analysis, blob])
-            if rows:
-                con.executemany("INSERT INTO layer_profiles VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                                [[trial_id, analysis, blob, row.get("layer"), row["metric"], float(row["value"]),
-                                  code_version(), now] for row, blob in zip(rows, blobs)])
+            insert_rows(con, "INSERT INTO layer_profiles",
+                        ["trial_id", "analysis", "setting", "layer", "metric", "value", "code_version", "created_at"],
+                        [[trial_id, analysis, blob, row.get("layer"), row["metric"], float(row["value"]),
+                          code_version(), now] for row, blob in zip(rows, blobs)])
 
     def record_kernel_preflight(self, study: str, failures: dict[str, str], *,
                                 con: duckdb.DuckDBPyConnection | None = None) -> None:

@@ -33,3 +33,25 @@ def _finite(value: float | None) -> float | None:
     """NaN and infinities are stored as NULL: JSON has no spelling for them."""
     return value if value is None or math.isfinite(value) else None
 
+
+
+def insert_rows(con, head: str, columns: list[str], rows: list[list], *, key: int = 0, tail: str = "") -> None:
+    """``head`` (``INSERT [OR REPLACE] INTO table``) of ``rows``, values in ``columns``' order, as
+    one statement over an Arrow table: DuckDB's ``executemany`` runs one statement a row (1,000
+    rows took 7 s on a loaded 2-core machine, against 0.2 s this way). A row whose first ``key``
+    values repeat an earlier one's replaces it, as one statement a row would have; ``tail``
+    follows the SELECT (an ``ON CONFLICT`` clause)."""
+    import pyarrow as pa
+
+    if key:
+        rows = list({tuple(row[:key]): row for row in rows}.values())
+    if not rows:
+        return
+    table = pa.table({name: [row[i] for row in rows] for i, name in enumerate(columns)})
+    name = f"incoming_{id(table)}"
+    con.register(name, table)
+    try:
+        listed = ", ".join(f'"{c}"' for c in columns)
+        con.execute(f"{head} ({listed}) SELECT {listed} FROM {name} {tail}")
+    finally:
+        con.unregister(name)
