@@ -179,6 +179,9 @@ def _optuna(trials: list, storage: Path) -> float:
 def _tune(trials: list, folder: Path) -> float:
     """A Ray Tune ``Tuner`` over the trials, one at a time, each a function trainable that trains
     its trial and reports the result."""
+    import os
+
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with verbose=0, no table per run in the output
     from ray import tune
 
     payloads = [dict(spec=t.spec.to_dict(), recipe=t.recipe, data=t.data, seed=t.seed) for t in trials]

@@ -28,6 +28,7 @@ from archsearch_dashboards.report import completed_rows, curve_points, curve_tri
 from archsearch_dashboards.training import training_figure
 
 import archsearch as A
+from archsearch.store import Store
 
 REFRESH_MS = 5_000
 MAX_TRIAL_OPTIONS = 1_000
@@ -38,39 +39,35 @@ VIEWS = ("training", "scaling", "comparison", "pareto", "parallel", "curves", "p
 SEARCH_VIEWS = ("history", "importance")  # a sampled search's; a grid's study has neither
 
 
-def load(store: str | Path, study: str | None) -> tuple[list[dict], list[str]]:
+def load(db: Store, study: str | None) -> tuple[list[dict], list[str]]:
     """Completed trials of ``study`` (None: all), and every study's name."""
-    with A.open_store(store, read_only=True) as db:
-        return completed_rows(db, study), db.studies().column("name").to_pylist()
+    return completed_rows(db, study), db.studies().column("name").to_pylist()
 
 
-def load_curves(store: str | Path, rows: list[dict], running: list[dict] = ()) -> tuple[list[dict], list[dict]]:
+def load_curves(db: Store, rows: list[dict], running: list[dict] = ()) -> tuple[list[dict], list[dict]]:
     """Thinned evaluation and training-loss rows of the trials whose curves are drawn (see
     ``report.curve_trials``) and of the ``running`` ones."""
-    with A.open_store(store, read_only=True) as db:
-        return curve_points(db, curve_trials(rows) + [t["trial_id"] for t in running])
+    return curve_points(db, curve_trials(rows) + [t["trial_id"] for t in running])
 
 
-def load_running(store: str | Path, study: str | None) -> list[dict]:
+def load_running(db: Store, study: str | None) -> list[dict]:
     """The trials of ``study`` (None: all) that train now and have reported, each with its latest
     ``progress`` report and its ``family`` and ``axes`` (decoded)."""
-    with A.open_store(store, read_only=True) as db:
-        progress = db.progress(study)
-        if not progress:
-            return []
-        rows = db.sql("SELECT trial_id, family, axes FROM trials WHERE trial_id IN (SELECT unnest(?::VARCHAR[])) "
-                      "ORDER BY trial_id", [list(progress)]).to_pylist()
+    progress = db.progress(study)
+    if not progress:
+        return []
+    rows = db.sql("SELECT trial_id, family, axes FROM trials WHERE trial_id IN (SELECT unnest(?::VARCHAR[])) "
+                  "ORDER BY trial_id", [list(progress)]).to_pylist()
     return [dict(row, axes=json.loads(row["axes"]), progress=progress[row["trial_id"]]) for row in rows]
 
 
-def load_search(store: str | Path, study: str | None, studies: list[str]) -> dict[str, go.Figure]:
+def load_search(db: Store, study: str | None, studies: list[str]) -> dict[str, go.Figure]:
     """The search views of ``study`` (the store's one study when None), each an empty figure
     that says why where there is nothing to draw."""
     name = study or (studies[0] if len(studies) == 1 else None)
     if name is None:
         return {view: empty_figure("choose a study to see its search") for view in SEARCH_VIEWS}
-    with A.open_store(store, read_only=True) as db:
-        found = search_figures(db, name)
+    found = search_figures(db, name)
     why = "no search history: this study did not sample (or too few proposals for importance)"
     return {view: found.get(view) or empty_figure(why) for view in SEARCH_VIEWS}
 
@@ -126,9 +123,15 @@ def empty_figure(message: str) -> go.Figure:
 def refresh(store: str | Path, *, study: str | None = None, families: list[str] | None = None,
             axis: str | None = None, values: list[str] | None = None, trial: str | None = None) -> dict:
     """Everything one redraw shows: the figures by view name, a summary line,
-    and the options of each filter (families, axes, values, trials)."""
-    everything, studies = load(store, study)
-    running = filter_rows(load_running(store, study), families=families, axis=axis, values=values)
+    and the options of each filter (families, axes, values, trials). Opens the store once."""
+    with A.open_store(store, read_only=True) as db:
+        return _refresh(db, study=study, families=families, axis=axis, values=values, trial=trial)
+
+
+def _refresh(db: Store, *, study: str | None, families: list[str] | None, axis: str | None,
+             values: list[str] | None, trial: str | None) -> dict:
+    everything, studies = load(db, study)
+    running = filter_rows(load_running(db, study), families=families, axis=axis, values=values)
     rows = filter_rows(everything, families=families, axis=axis, values=values)
     axes = varying_axes(rows)
     # the plan's dropdown offers the best trials only: a browser list of 100,000 would not open
@@ -141,11 +144,11 @@ def refresh(store: str | Path, *, study: str | None = None, families: list[str] 
         what = "no completed trials yet" if not everything else "no trials match the filters"
         figures = {name: empty_figure(what) for name in VIEWS}
         if running:  # what trains now shows before anything has finished
-            figures["training"] = training_figure([], load_curves(store, [], running)[1], running)
+            figures["training"] = training_figure([], load_curves(db, [], running)[1], running)
         out.update(summary=_summary(what, running), figures=figures)
         return out
-    metrics, train = load_curves(store, rows, running)
-    figures = {**views(rows, metrics, train), **load_search(store, study, studies)}
+    metrics, train = load_curves(db, rows, running)
+    figures = {**views(rows, metrics, train), **load_search(db, study, studies)}
     figures["training"] = training_figure(rows, train, running)
     chosen = next((r for r in rows if r["trial_id"] == trial), None)
     if chosen is not None:
