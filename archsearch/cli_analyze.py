@@ -22,7 +22,6 @@ def _analysis(run, title: str, columns: list[str], as_json: bool, fold: str | No
     """Run one ``archsearch.inspect.runs`` analysis and show (or print as JSON) the rows it stored."""
     from archsearch.inspect.runs import Calibration
 
-    kwargs["trial_id"] = full_trial_id(kwargs["store"], kwargs["trial_id"])
     calib = Calibration(batches=kwargs.pop("batches"), batch_size=kwargs.pop("batch_size"), seed=kwargs.pop("seed"))
     rows = run(calib=calib, **kwargs)
     if as_json:
@@ -41,6 +40,7 @@ def analyze_rho(trial_id: TrialArg, store: StoreOpt = DEFAULT_STORE,
                 sparsity: Annotated[float, typer.Option(help="for wanda and magnitude")] = 0.5,
                 batches: BatchesOpt = 4, batch_size: BatchSizeOpt = 8, seed: SeedOpt = 0, as_json: JsonOpt = False):
     """Error contraction rho per layer, with predicted and measured amplification."""
+    trial_id = full_trial_id(store, trial_id)  # a wrong store or id says so before torch loads
     from archsearch.inspect.runs import analyze_rho as run
 
     _analysis(run, f"rho of {trial_id} ({mode})", ["mode"], as_json, trial_id=trial_id, store=store, mode=mode,
@@ -54,6 +54,7 @@ def analyze_prune(trial_id: TrialArg, store: StoreOpt = DEFAULT_STORE,
                   alpha: Annotated[float, typer.Option(help="weight of Block Influence in the blend")] = 0.5,
                   batches: BatchesOpt = 4, batch_size: BatchSizeOpt = 8, seed: SeedOpt = 0, as_json: JsonOpt = False):
     """Depth pruning (stack models): perplexity and tokens/s with k layers removed, per ranking."""
+    trial_id = full_trial_id(store, trial_id)  # a wrong store or id says so before torch loads
     from archsearch.inspect.runs import analyze_prune as run
 
     _analysis(run, f"depth pruning of {trial_id}", ["ranking", "removed"], as_json, fold="dropped",
@@ -69,6 +70,7 @@ def analyze_wanda(trial_id: TrialArg, store: StoreOpt = DEFAULT_STORE,
                   = 0.5, method: Annotated[str, typer.Option(help="wanda or magnitude")] = "wanda",
                   batches: BatchesOpt = 4, batch_size: BatchSizeOpt = 8, seed: SeedOpt = 0, as_json: JsonOpt = False):
     """Wanda pruning: a uniform against a depth-decreasing schedule at the same total sparsity."""
+    trial_id = full_trial_id(store, trial_id)  # a wrong store or id says so before torch loads
     from archsearch.inspect.runs import analyze_wanda as run
 
     _analysis(run, f"{method} at {sparsity:.0%} on {trial_id}", ["schedule"], as_json, trial_id=trial_id,
@@ -92,7 +94,8 @@ def analyze_exit(trial_id: TrialArg, store: StoreOpt = DEFAULT_STORE,
         raise ValueError(f"--thresholds: {thresholds!r} is not a comma-separated list of numbers") from None
     if any(not 0 < t <= 1 for t in values):
         raise ValueError(f"--thresholds: every threshold must be in (0, 1], got {thresholds}")
-    from archsearch.inspect.runs import analyze_exit as run  # torch: after the arguments are checked
+    trial_id = full_trial_id(store, trial_id)
+    from archsearch.inspect.runs import analyze_exit as run  # torch: after the arguments and the store
     _analysis(run, f"early exit of {trial_id}", ["adapted", "threshold"], as_json, trial_id=trial_id, store=store,
               thresholds=values, adapt_steps=adapt_steps, cache_hole=cache_hole, lr=lr, batches=batches,
               batch_size=batch_size, seed=seed)
@@ -107,6 +110,7 @@ def analyze_probe(trial_id: TrialArg, store: StoreOpt = DEFAULT_STORE,
                   lam: Annotated[float, typer.Option(help="ridge penalty")] = 1e-3,
                   batches: BatchesOpt = 4, batch_size: BatchSizeOpt = 8, seed: SeedOpt = 0, as_json: JsonOpt = False):
     """Linear probes from states to targets (and on a baseline), and learned-decay half-lives."""
+    trial_id = full_trial_id(store, trial_id)  # a wrong store or id says so before torch loads
     from archsearch.inspect.runs import analyze_probe as run
 
     _analysis(run, f"probes of {trial_id}", ["model", "state", "target"], as_json, trial_id=trial_id, store=store,

@@ -125,11 +125,14 @@ def main() -> None:
         if not args.no_tune:
             methods["tune"] = lambda size, where: _tune(trials[size], where)
         times: dict[str, dict[str, list[float]]] = {m: {"n": [], "2n": []} for m in methods}
+        # alternating, so a slow spell hits all alike; Ray Tune after the others, as the actors it
+        # leaves behind for a while hold the CPUs the next run_study would take
+        rounds = [[m for m in methods if m != "tune"]] * args.repeats + [["tune"]] * args.repeats * ("tune" in methods)
         try:
-            for repeat in range(args.repeats):
-                for method, measure in methods.items():  # alternating, so a slow spell hits all alike
+            for repeat, chosen in enumerate(rounds):
+                for method in chosen:
                     for size in ("n", "2n"):
-                        times[method][size].append(measure(size, folder / f"{method}-{size}-{repeat}"))
+                        times[method][size].append(methods[method](size, folder / f"{method}-{size}-{repeat}"))
         finally:
             ray.shutdown()
             import shutil

@@ -137,3 +137,18 @@ def test_the_report_draws_rho_per_layer_and_perplexity_against_layers_removed(st
         page = write_report(db, tmp_path / "r.html").read_text()
     assert "Error contraction: rho per layer" in page and "perplexity vs layers removed" in page
     assert "stack, by blend" in page
+
+
+@pytest.mark.parametrize("command", ["rho", "prune", "wanda", "exit", "probe"])
+def test_a_missing_store_is_said_before_torch_loads(command, tmp_path):
+    """A wrong --store answers at once: the analysis (and torch, seconds on a busy machine) loads
+    only for a trial that is there."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from typer.testing import CliRunner; from archsearch.cli import app; "
+            f"r = CliRunner().invoke(app, ['analyze', '{command}', 'abc', '--store', '{tmp_path / 'nope.duckdb'}']); "
+            "print(r.exit_code, 'torch' in sys.modules); print(r.output)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout
+    assert out.splitlines()[0] == "2 False", out
+    assert "no store at" in out
