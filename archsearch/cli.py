@@ -121,26 +121,33 @@ def _wall_time_line(trials: list, study, store: Path) -> list[str]:
 
 RetryFailedOpt = Annotated[bool, typer.Option(
     "--retry-failed", help="also train the failed and diverged trials that used up execution.max_attempts")]
+LogToOpt = Annotated[Optional[list[str]], typer.Option(
+    "--log-to", help="also send each trial's config and curves to tensorboard[=DIR], wandb[=PROJECT] or "
+                     "mlflow[=TRACKING_URI], beside the study's logging: section (repeatable)")]
 
 
 @app.command()
 @user_errors
 def run(study: StudyArg, store: StoreOpt = DEFAULT_STORE, address: AddressOpt = None,
         max_parallel: MaxParallelOpt = None, report: ReportOpt = None, progress: ProgressOpt = True,
-        overrides: SetOpt = None, retry_failed: RetryFailedOpt = False, ignore_memory: IgnoreMemoryOpt = False):
+        overrides: SetOpt = None, retry_failed: RetryFailedOpt = False, ignore_memory: IgnoreMemoryOpt = False,
+        log_to: LogToOpt = None):
     """Run the study (embedded Ray unless --address), writing the store."""
     _run(study, store=store, address=address, max_parallel=max_parallel, report=report, progress=progress,
-         resume=False, overrides=_memory_override(overrides, ignore_memory), retry_failed=retry_failed)
+         resume=False, overrides=_memory_override(overrides, ignore_memory), retry_failed=retry_failed,
+         log_to=log_to or [])
 
 
 @app.command()
 @user_errors
 def resume(study: StudyArg, store: StoreOpt = DEFAULT_STORE, address: AddressOpt = None,
            max_parallel: MaxParallelOpt = None, report: ReportOpt = None, progress: ProgressOpt = True,
-           overrides: SetOpt = None, retry_failed: RetryFailedOpt = False, ignore_memory: IgnoreMemoryOpt = False):
+           overrides: SetOpt = None, retry_failed: RetryFailedOpt = False, ignore_memory: IgnoreMemoryOpt = False,
+           log_to: LogToOpt = None):
     """Continue an interrupted study; finished trials are skipped."""
     _run(study, store=store, address=address, max_parallel=max_parallel, report=report, progress=progress,
-         resume=True, overrides=_memory_override(overrides, ignore_memory), retry_failed=retry_failed)
+         resume=True, overrides=_memory_override(overrides, ignore_memory), retry_failed=retry_failed,
+         log_to=log_to or [])
 
 
 def _memory_override(overrides: list[str] | None, ignore_memory: bool) -> list[str]:
@@ -149,13 +156,18 @@ def _memory_override(overrides: list[str] | None, ignore_memory: bool) -> list[s
 
 
 def _run(study_path: Path, *, store: Path, address, max_parallel, report, progress, resume: bool,
-         overrides: list[str], retry_failed: bool = False) -> None:
+         overrides: list[str], retry_failed: bool = False, log_to: list[str] = ()) -> None:
     import archsearch as A
     from archsearch.errors import StoreError, StoreFullError
     from archsearch.execute import run_study
+    from archsearch.execute.logs import with_log_to
     from archsearch.execute.process import exit_code, interrupt_on_termination
 
     study = A.load_study(study_path, overrides=overrides)
+    if log_to:
+        origin = study._origin
+        study = study.model_copy(update={"logging": with_log_to(study.logging, log_to)})
+        study._origin = origin
     if resume:
         if not store.exists():
             raise StoreError(f"no store at {store}; nothing to resume (use `archsearch run {study_path}`)")
@@ -166,6 +178,7 @@ def _run(study_path: Path, *, store: Path, address, max_parallel, report, progre
     writable_kind(report or _default_report(study.name), "the report")  # before training, not after
     again = ["archsearch", "resume", str(study_path), "--store", str(store)]
     again += [part for text in overrides for part in ("--set", text)]
+    again += [part for text in log_to for part in ("--log-to", text)]
     for flag, value in (("--address", address), ("--max-parallel", max_parallel), ("--report", report)):
         again += [flag, str(value)] if value is not None else []
     try:

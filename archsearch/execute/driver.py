@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from archsearch.execute.cluster import per_trial, start_ray, trials_at_once
+from archsearch.execute.logs import Loggers, trial_loggers
 from archsearch.execute.process import native_output_to
 from archsearch.execute.preflight import (build_cpu_kernels, cpu_builds_missing, kernel_settings, preflight_checks,
                                           preflight_kernels)
@@ -82,8 +83,9 @@ def run_study(study: Study, *, store: str | Path = "archsearch.duckdb", address:
     origin = study._origin
     if heartbeat_s is None:
         heartbeat_s = float(os.environ.get("ARCHSEARCH_HEARTBEAT_S", DEFAULT_HEARTBEAT_S))
+    loggers = trial_loggers(study.logging, study=study.name)  # a backend's package missing stops it here
     db = open_store(store)
-    with RunLock(store, study=study.name):
+    with RunLock(store, study=study.name), loggers:
         db.add_study(name=study.name, path=origin.path if origin else "", config=_config(study),
                      text=_file_text(origin.path) if origin else None)
         db.mark_interrupted()  # we hold the lock: whatever is still `running` lost its driver
@@ -106,11 +108,12 @@ def run_study(study: Study, *, store: str | Path = "archsearch.duckdb", address:
             if missing:
                 build_cpu_kernels(missing)
             with TrialProgress(total=searcher.expected, enabled=show_progress, heartbeat_s=heartbeat_s) as progress:
+                loggers.warn = progress.note
                 for line in twin_lines(trials) if grid else ():
                     progress.note(line)
                 try:
                     counts = _run_on_ray(searcher, db, study, store=store, address=address,
-                                         max_parallel=max_parallel, progress=progress)
+                                         max_parallel=max_parallel, progress=progress, loggers=loggers)
                 except KeyboardInterrupt:  # Ctrl-C, SIGTERM, SIGHUP: the trials it stopped say so
                     with suppress(Exception):
                         db.mark_interrupted()
@@ -125,14 +128,15 @@ def run_study(study: Study, *, store: str | Path = "archsearch.duckdb", address:
 
 
 def _run_on_ray(searcher: Searcher, db: Store, study: Study, *, store: str | Path, address: str | None,
-                max_parallel: int | None, progress: TrialProgress) -> dict[str, int]:
+                max_parallel: int | None, progress: TrialProgress, loggers: Loggers) -> dict[str, int]:
     import ray
 
     owns_ray = not ray.is_initialized()
     with native_output_to(ray_log(store)) as log:
         private_dir = start_ray(address, log=str(log)) if owns_ray else None
         try:
-            return _drain(searcher, db, study, store=store, max_parallel=max_parallel, progress=progress)
+            return _drain(searcher, db, study, store=store, max_parallel=max_parallel, progress=progress,
+                          loggers=loggers)
         finally:
             if owns_ray:
                 ray.shutdown()
@@ -146,7 +150,7 @@ def ray_log(store: str | Path) -> Path:
 
 
 def _drain(searcher: Searcher, db: Store, study: Study, *, store: str | Path, max_parallel: int | None,
-           progress: TrialProgress) -> dict[str, int]:
+           progress: TrialProgress, loggers: Loggers) -> dict[str, int]:
     import ray
 
     execution = study.execution
@@ -163,7 +167,7 @@ def _drain(searcher: Searcher, db: Store, study: Study, *, store: str | Path, ma
     return _Scheduler(searcher, db, task, study=study.name, store=store, storage=_storage(study),
                       threads=execution.threads_per_trial, retries=execution.retries, progress=progress,
                       workers=dict(count=workers, options=options), kernels=kernel_settings(),
-                      nice=execution.nice).run(width)
+                      nice=execution.nice, loggers=loggers).run(width)
 
 
 class _Scheduler:
@@ -182,12 +186,13 @@ class _Scheduler:
 
     def __init__(self, searcher: Searcher, db: Store, task: Any, *, study: str, store: str | Path,
                  storage: str | None, threads: int, retries: int, progress: TrialProgress, workers: dict,
-                 kernels: dict[str, str | None], nice: int | None = None):
+                 kernels: dict[str, str | None], nice: int | None = None, loggers: Loggers | None = None):
         self.searcher, self.db, self.task, self.study, self.workers = searcher, db, task, study, workers
         self.kernels = kernels  # the driver's kernel settings, for every trial's task
         self.nice = nice  # execution.nice: each trial's niceness, else its worker's (the driver's when embedded)
         self.store, self.storage, self.threads, self.retries, self.progress = store, storage, threads, retries, progress
         self.counts = {"completed": 0, "failed": 0, "diverged": 0, "shared": 0}
+        self.loggers = loggers or Loggers({})  # TensorBoard, W&B, MLflow: told of each trial that trains
         self.running: dict[Any, tuple[Job, int, float]] = {}  # generator -> job, attempt, started
         self.retry_queue: deque[tuple[Job, int]] = deque()  # jobs whose worker died, with their next attempt
         self.points: list[tuple[str, dict]] = []  # evaluations not yet written
@@ -349,12 +354,14 @@ class _Scheduler:
         if kind != "result":
             self.counts[kind] += 1
             self.progress.note(f"trial {trial_id} {kind}: {value}")
+            self.loggers.end(trial_id, kind, None)
             return lambda con: db.fail(trial_id, value, status=kind, con=con)
         status = "diverged" if divergence(value) else ("paused" if job.stop_at is not None else "completed")
         if status != "paused":
             self.counts[status] += 1
         self.progress.finished(trial_id=trial_id, label=_label(job.trial), status=status,
                                val_loss=value["val_loss"], wall_s=wall_s)
+        self.loggers.end(trial_id, status, value)
         if job.stop_at is not None:
             return lambda con: db.pause(trial_id, value, con=con)
         return lambda con: db.finish(trial_id, value, con=con)
@@ -382,6 +389,7 @@ class _Scheduler:
                        checkpoint_dir=str(checkpoint_dir(self.store, trial.trial_id, storage=self.storage)))
         self.running[self.task.remote(payload)] = (job, attempt, time.perf_counter())
         self.progress.started(trial.trial_id)
+        self.loggers.start(trial, trial.to_dict())
 
     def _running_ids(self) -> set[str]:
         return {job.trial.trial_id for job, _, _ in self.running.values()}
@@ -417,10 +425,13 @@ class _Scheduler:
                 self.progress.note(f"trial {trial_id}: attempt {attempt} resumes from step {value}")
             elif kind == "eval":
                 self.points.append((trial_id, value))
+                self.loggers.log(trial_id, kind, value)
             elif kind == "progress":
                 self.train_points += [(trial_id, row) for row in value["rows"]]
                 self.reports[trial_id] = value["at"]
                 self.progress.reported(trial_id, value["at"])
+                for row in value["rows"]:
+                    self.loggers.log(trial_id, "train", row)
             if kind in ("resumed", "eval", "progress"):
                 if ray.wait([generator], timeout=0)[0]:
                     continue

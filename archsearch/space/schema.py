@@ -324,6 +324,49 @@ class Execution(Strict):
                                   "default: beside the store")
 
 
+class TensorBoardLogging(Strict):
+    """TensorBoard event files of every trained trial, in DIR/STUDY/ARM/TRIAL_ID."""
+
+    dir: str = Field(default="runs", min_length=1,
+                     description="the folder `tensorboard --logdir` reads; relative to the folder archsearch "
+                                 "runs in, as --store is")
+
+
+class WandbLogging(Strict):
+    """A Weights & Biases run per trained trial: its group the study, its job type the arm."""
+
+    project: str = Field(default="archsearch", min_length=1, max_length=128, description="the W&B project")
+    entity: str | None = Field(default=None, description="the W&B team or user; default: W&B's own")
+    mode: Literal["online", "offline"] | None = Field(
+        default=None, description="offline keeps the runs on disk for `wandb sync`; default: W&B's own "
+                                  "($WANDB_MODE, else online)")
+    dir: str | None = Field(default=None, description="where W&B writes its local files; default: W&B's own "
+                                                      "(./wandb)")
+
+
+class MlflowLogging(Strict):
+    """An MLflow run per trained trial, tagged with its study, arm and trial id."""
+
+    tracking_uri: str | None = Field(
+        default=None, description="an MLflow tracking server or store (http://HOST:5000, sqlite:///mlflow.db, "
+                                  "file:///path); default: MLflow's own ($MLFLOW_TRACKING_URI)")
+    experiment: str | None = Field(default=None, min_length=1, max_length=500,
+                                   description="the MLflow experiment; default: the study's name")
+
+
+class Logging(Strict):
+    """Where each trained trial's config and curves also go as it trains, beside the store:
+    evaluation rows under eval/, training rows under train/, against training tokens."""
+
+    tensorboard: TensorBoardLogging | None = Field(
+        default=None, description="event files for TensorBoard ({} for the defaults); needs "
+                                  "pip install 'archsearch[tensorboard]'")
+    wandb: WandbLogging | None = Field(default=None, description="Weights & Biases runs ({} for the defaults); "
+                                                                 "needs pip install 'archsearch[wandb]'")
+    mlflow: MlflowLogging | None = Field(default=None, description="MLflow runs ({} for the defaults); needs "
+                                                                   "pip install 'archsearch[mlflow]'")
+
+
 SAMPLERS = ("grid", "random", "tpe", "nsga2", "cmaes", "gp")
 OBJECTIVES = ("val_loss", "params", "flops_per_token", "train_flops", "tokens_per_s", "state_bytes",
               "val_accuracy", "gen_gap")
@@ -409,6 +452,8 @@ class Study(Strict):
     search: Search = Search()
     execution: Execution = Field(default=Execution(), description="how trials run: parallelism, resources, "
                                                                   "retries, checkpoint storage")
+    logging: Logging = Field(default=Logging(), description="TensorBoard, W&B or MLflow, also sent each trained "
+                                                            "trial's config and curves (--log-to adds one)")
     checks: list[Literal[CHECKS]] = Field(
         default_factory=list,
         description="run before any trial trains, each stopping the study (exit 2) if it fails; causal: every "
