@@ -266,3 +266,71 @@ def test_arm_names_are_the_trials_axes_and_folder_safe(tiny_study):
                      "transformer num_layers=2 taper.shape=cosine taper.ratio=3.0",
                      "transformer num_layers=2 taper.shape=reverse taper.ratio=3.0"]
     assert path_part("hybrid hybrid.pattern=MA/MA x") == "hybrid,hybrid.pattern=MA_MA,x"
+
+
+def test_tensorboard_logs_training_rows_under_train_and_ends_an_open_trial_as_interrupted(tiny_study, tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    trial = A.plan(A.load_study(tiny_study))[1]
+    loggers = trial_loggers(Logging.model_validate({"tensorboard": {"dir": str(tmp_path / "tb")}}), study="tiny")
+    loggers.start(trial, trial.to_dict())
+    rows = [dict(step=step, tokens=64 * step, train_loss=5.0 - step / 10, lr=1e-3 * step, tokens_per_s=900.0 + step)
+            for step in (1, 2, 3)]
+    for row in rows:
+        loggers.log(trial.trial_id, "train", row)
+    loggers.close()
+    (run,) = (tmp_path / "tb" / "tiny").glob(f"*/{trial.trial_id}")
+    events = EventAccumulator(str(run))
+    events.Reload()
+    assert set(events.Tags()["scalars"]) == {"train/train_loss", "train/lr", "train/tokens_per_s"}
+    points = events.Scalars("train/train_loss")
+    assert [p.step for p in points] == [64, 128, 192]
+    assert [p.value for p in points] == pytest.approx([4.9, 4.8, 4.7])
+    assert events.Tensors("status")[0].tensor_proto.string_val[0] == b"interrupted"
+
+
+def test_mlflow_goes_on_in_a_trials_run_when_it_starts_again(tiny_study, tmp_path, monkeypatch):
+    pytest.importorskip("mlflow")
+    from mlflow import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    uri = f"file://{tmp_path / 'mlruns'}"
+    trial = A.plan(A.load_study(tiny_study))[0]
+    logging = Logging.model_validate({"mlflow": {"tracking_uri": uri, "experiment": "mine"}})
+    for tokens, status in ((64, "paused"), (128, "completed")):  # a promotion: paused at a rung, then on
+        with trial_loggers(logging, study="tiny") as loggers:
+            loggers.start(trial, trial.to_dict())
+            loggers.log(trial.trial_id, "eval", dict(step=tokens // 64, tokens=tokens, val_loss=3.0 - tokens / 100))
+            loggers.end(trial.trial_id, status, None)
+    client = MlflowClient(tracking_uri=uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("mine").experiment_id])
+    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "eval/val_loss")] == \
+        [(64, pytest.approx(2.36)), (128, pytest.approx(1.72))]
+    assert run.data.tags["archsearch.status"] == "completed" and run.info.status == "FINISHED"
+
+
+def test_an_mlflow_server_that_cannot_be_reached_stops_the_run_in_one_line(monkeypatch):
+    pytest.importorskip("mlflow")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # MLflow's own retries take minutes
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+    uri = "http://127.0.0.1:9"  # the discard port: nothing listens
+    with pytest.raises(LoggingError, match=rf"^logging.mlflow: cannot open {uri}: ") as caught:
+        trial_loggers(Logging.model_validate({"mlflow": {"tracking_uri": uri}}), study="tiny")
+    assert "\n" not in str(caught.value)
+
+
+def test_the_driver_logs_to_tensorboard_without_importing_torch_or_tensorflow(tiny_study, tmp_path):
+    """The driver is torch-free: tensorboardX, say, would import torch (it does whenever installed)."""
+    pytest.importorskip("tensorboard")
+    import subprocess
+
+    code = ("import sys, archsearch as A; from archsearch.execute.logs import trial_loggers;"
+            "from archsearch.space.schema import Logging;"
+            f"loggers = trial_loggers(Logging(tensorboard={{'dir': {str(tmp_path)!r}}}), study='tiny');"
+            f"trial = A.plan(A.load_study({str(tiny_study)!r}))[0]; loggers.start(trial, trial.to_dict());"
+            "loggers.log(trial.trial_id, 'eval', dict(step=1, tokens=64, val_loss=2.0)); loggers.close();"
+            "sys.exit(sorted({'torch', 'tensorflow'} & set(sys.modules)) or None)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert list(tmp_path.glob("tiny/*/*/events.out.tfevents.*"))
