@@ -122,7 +122,7 @@ def _wall_time_line(trials: list, study, store: Path) -> list[str]:
 RetryFailedOpt = Annotated[bool, typer.Option(
     "--retry-failed", help="also train the failed and diverged trials that used up execution.max_attempts")]
 LogToOpt = Annotated[Optional[list[str]], typer.Option(
-    "--log-to", help="also send each trial's config and curves to tensorboard[=DIR], wandb[=PROJECT] or "
+    "--log-to", metavar="NAME[=VALUE]", help="also send each trial's config and curves to tensorboard[=DIR], wandb[=PROJECT] or "
                      "mlflow[=TRACKING_URI], beside the study's logging: section (repeatable)")]
 
 

@@ -340,8 +340,8 @@ class WandbLogging(Strict):
     mode: Literal["online", "offline"] | None = Field(
         default=None, description="offline keeps the runs on disk for `wandb sync`; default: W&B's own "
                                   "($WANDB_MODE, else online)")
-    dir: str | None = Field(default=None, description="where W&B writes its local files; default: W&B's own "
-                                                      "(./wandb)")
+    dir: str | None = Field(default=None, description="the folder W&B keeps its local files under (DIR/wandb); "
+                                                      "default: W&B's own (the current folder)")
 
 
 class MlflowLogging(Strict):
@@ -452,8 +452,8 @@ class Study(Strict):
     search: Search = Search()
     execution: Execution = Field(default=Execution(), description="how trials run: parallelism, resources, "
                                                                   "retries, checkpoint storage")
-    logging: Logging = Field(default=Logging(), description="TensorBoard, W&B or MLflow, also sent each trained "
-                                                            "trial's config and curves (--log-to adds one)")
+    logging: Logging = Field(default=Logging(), description="where each trained trial's config and curves also go: "
+                                                            "TensorBoard, W&B, MLflow (run --log-to adds one)")
     checks: list[Literal[CHECKS]] = Field(
         default_factory=list,
         description="run before any trial trains, each stopping the study (exit 2) if it fails; causal: every "
