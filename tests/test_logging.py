@@ -49,26 +49,31 @@ def _corpus(folder: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def logged_run(tmp_path_factory):
-    """One run of the 3-trial tiny study with every backend that is installed:
-    TensorBoard always, W&B offline and MLflow (a file store) where they are."""
+    """One `archsearch run` of the 3-trial tiny study with every backend that is installed:
+    TensorBoard always (its folder moved by --log-to), W&B offline and MLflow (a file store)
+    where they are."""
     pytest.importorskip("tensorboard")
     folder = tmp_path_factory.mktemp("logged")
-    logging = f"logging:\n  tensorboard:\n    dir: {folder / 'tb'}\n"
+    logging = f"logging:\n  tensorboard:\n    dir: {folder / 'not-here'}\n"
     if _installed("wandb"):
         logging += f"  wandb:\n    project: tests\n    mode: offline\n    dir: {folder}\n"
     if _installed("mlflow"):
         logging += f"  mlflow:\n    tracking_uri: file://{folder / 'mlruns'}\n"
     path = _study(folder, _corpus(folder / "corpus"), logging)
+    store = folder / "s.duckdb"
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 asks for a database store unless told
         patch.setenv("WANDB_SILENT", "true")
-        summary = A.run_study(A.load_study(path), store=folder / "s.duckdb", show_progress=False)
-    assert summary.completed == len(SHAPES)
-    with A.open_store(folder / "s.duckdb", read_only=True) as db:
+        done = CliRunner().invoke(app, ["run", str(path), "--store", str(store), "--no-progress", "--report",
+                                        str(folder / "report.html"), "--log-to", f"tensorboard={folder / 'tb'}"])
+    assert done.exit_code == 0, done.output
+    assert not (folder / "not-here").exists()  # --log-to tensorboard=DIR moved the study's folder
+    with A.open_store(store, read_only=True) as db:
         trials = [{**row, "axes": json.loads(row["axes"])} for row in db.trials().to_pylist()]
         curves = {}
         for row in db.metrics().to_pylist():
             curves.setdefault(row["trial_id"], []).append(row)
+    assert [t["status"] for t in trials] == ["completed"] * len(SHAPES)
     return folder, trials, curves
 
 
