@@ -70,11 +70,13 @@ def logged_run(tmp_path_factory):
     assert not (folder / "not-here").exists()  # --log-to tensorboard=DIR moved the study's folder
     with A.open_store(store, read_only=True) as db:
         trials = [{**row, "axes": json.loads(row["axes"])} for row in db.trials().to_pylist()]
-        curves = {}
+        curves, train = {}, {}
         for row in db.metrics().to_pylist():
             curves.setdefault(row["trial_id"], []).append(row)
+        for row in db.sql("SELECT * FROM train_points ORDER BY trial_id, step").to_pylist():
+            train.setdefault(row["trial_id"], []).append(row)
     assert [t["status"] for t in trials] == ["completed"] * len(SHAPES)
-    return folder, trials, curves
+    return folder, trials, curves, train
 
 
 @pytest.mark.ray
@@ -82,7 +84,7 @@ def logged_run(tmp_path_factory):
 def test_tensorboard_holds_every_trials_curve_under_study_arm_and_trial(logged_run):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    folder, trials, curves = logged_run
+    folder, trials, curves, train = logged_run
     seen = set()
     for trial in trials:
         (run,) = (folder / "tb" / "tiny").glob(f"*/{trial['trial_id']}")
@@ -94,6 +96,9 @@ def test_tensorboard_holds_every_trials_curve_under_study_arm_and_trial(logged_r
         assert [p.step for p in points] == [row["tokens"] for row in curve]
         assert [p.value for p in points] == pytest.approx([row["val_loss"] for row in curve], rel=1e-6)
         assert {"eval/train_loss", "eval/val_accuracy", "eval/lr"} <= set(events.Tags()["scalars"])
+        losses = events.Scalars("train/train_loss")  # the training rows, every recipe.log_every steps
+        assert train[trial["trial_id"]] and [p.step for p in losses] == [r["tokens"] for r in train[trial["trial_id"]]]
+        assert [p.value for p in losses] == pytest.approx([r["train_loss"] for r in train[trial["trial_id"]]], rel=1e-6)
         config = events.Tensors("config")[0].tensor_proto.string_val[0].decode()
         assert json.loads(config.strip("`\n"))["trial_id"] == trial["trial_id"]
         status = events.Tensors("status")[0].tensor_proto.string_val[0].decode()
@@ -131,7 +136,7 @@ def _wandb_records(path: Path) -> list:
 @pytest.mark.slow
 def test_wandb_offline_has_a_run_per_trial_with_its_config_and_curve(logged_run):
     pytest.importorskip("wandb")
-    folder, trials, curves = logged_run
+    folder, trials, curves, _ = logged_run
     for trial in trials:
         (path,) = (folder / "wandb").glob(f"offline-run-*-tiny-{trial['trial_id']}/run-*.wandb")
         records = _wandb_records(path)
@@ -163,7 +168,7 @@ def test_mlflow_has_a_finished_run_per_trial_tagged_by_study_arm_and_trial(logge
     pytest.importorskip("mlflow")
     from mlflow import MlflowClient
 
-    folder, trials, curves = logged_run
+    folder, trials, curves, _ = logged_run
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
         client = MlflowClient(tracking_uri=f"file://{folder / 'mlruns'}")
