@@ -75,7 +75,7 @@ MUTANTS = [
     # planner ids
     Mutant("planner", "archsearch/planner.py", '"data": data, ', "", PLANNER, "the data left out of the trial id"),
     Mutant("planner", "archsearch/planner.py", ', "seed": seed}', "}", PLANNER, "the seed left out of the trial id"),
-    Mutant("planner", "archsearch/planner.py", '"recipe": recipe, ', "", PLANNER,
+    Mutant("planner", "archsearch/planner.py", '"recipe": deciding(recipe), ', "", PLANNER,
            "the recipe left out of the trial id"),
     Mutant("planner", "archsearch/planner.py", "    if pair is not None:\n        described",
            "    if False:\n        described", PLANNER, "a baseline's partner left out of its id"),
