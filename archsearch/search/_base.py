@@ -30,11 +30,14 @@ class Searcher(Protocol):
     ``records`` (a sampler's finished proposals; the driver empties the list
     once written), ``ladder`` (a fidelity ladder's rank correlation, once
     known), ``pruned`` (trials stopped for good at a rung, once the search is
-    over) and ``rungs`` (how many rungs a trial's budget is cut into; 1 for a
-    search without rungs). A search with none of these keeps them empty.
+    over), ``rungs`` (how many rungs a trial's budget is cut into; 1 for a
+    search without rungs) and ``notes`` (what the run's summary should say of
+    the search, such as a space that ran out before ``trials``). A search with
+    none of these keeps them empty.
     """
 
     records: list[dict]
+    notes: list[str]
     ladder: dict | None
     pruned: list[tuple[PlannedTrial, int]]
     rungs: int

@@ -124,6 +124,10 @@ class HalvingSearch:
         return self.inner.ladder
 
     @property
+    def notes(self) -> list[str]:
+        return self.inner.notes
+
+    @property
     def exhausted(self) -> bool:
         return self._finished
 

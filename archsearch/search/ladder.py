@@ -43,9 +43,10 @@ class ProbeSearch:
         self._out: set[str] = set()
         self._promoted = False
         self.ladder: dict | None = None
-        self.records: list[dict] = []  # (the Searcher protocol's: no proposals, no rungs, nothing pruned)
+        self.records: list[dict] = []  # (the Searcher protocol's: no proposals, no rungs, nothing pruned, no notes)
         self.pruned: list[tuple[PlannedTrial, int]] = []
         self.rungs = 1
+        self.notes: list[str] = []
 
     # the Searcher protocol
 
