@@ -99,3 +99,46 @@ def test_asha_over_tpe_finds_the_best_though_the_first_rung_ranks_it_worse(tmp_p
     assert search.inner.best[0].values[0] == pytest.approx(final_loss(best.trial.axes))
     states = {t.state.name for t in search.inner._optuna.get_trials(deepcopy=False)}
     assert states <= {"COMPLETE", "PRUNED"}  # nothing left running in the sampler's history
+
+
+def test_tpe_under_asha_hears_each_rung_and_each_late_promotion(tmp_path):
+    """The sampler learns from the rungs: a proposal stopped at a rung is told pruned there,
+    with the rung's value, before anything reaches the end (TPE counts those towards its
+    start-up and its model); one promoted to the end later is told its final value as well."""
+    path = write_study(tmp_path, sampler="tpe", kind="asha", objectives="[val_loss:min]")
+    search = make_searcher(A.load_study(path), store=str(tmp_path / "s.duckdb"), known={})
+    first = search.ask(2)
+    for job in first:
+        search.tell(job, fake(job.trial, 0.5))
+    history = [t for t in search.inner._optuna.get_trials(deepcopy=False) if t.user_attrs.get("counted")]
+    assert [t.state.name for t in history] == ["PRUNED", "PRUNED"]
+    assert [t.intermediate_values for t in history] == [{0: fake(job.trial, 0.5)["val_loss"]} for job in first]
+    log = first + drive(search, width=1)
+    ended = [job for job in log if job.stop_at is None]
+    continued = [t for t in search.inner._optuna.get_trials(deepcopy=False) if "continues" in t.user_attrs]
+    assert len(continued) == len(ended)  # every trial trained to the end was paused at the rung first
+    assert sorted(t.values[0] for t in continued) == pytest.approx(sorted(final_loss(j.trial.axes) for j in ended))
+
+
+def test_asha_over_tpe_resumed_after_a_kill_goes_on_from_its_rungs(tmp_path):
+    """Killed with trials waiting at the rung: the resumed search keeps them (the sampler's
+    journal and the store's rungs), trains none of them at the rung again, and ends."""
+    path = write_study(tmp_path, sampler="tpe", kind="asha", objectives="[val_loss:min]")
+    store = tmp_path / "s.duckdb"
+    first = make_searcher(A.load_study(path), store=str(store), known={})
+    before = [job for job in (first.ask(1) + first.ask(1) + first.ask(1))]
+    for job in before:
+        first.tell(job, fake(job.trial, 0.5))
+    known = {job.trial.trial_id: {**job.trial.to_dict(), "status": "paused"} for job in before}
+    rungs = {job.trial.trial_id: {0: {**job.trial.to_dict(), **fake(job.trial, 0.5)}} for job in before}
+    second = make_searcher(A.load_study(path), store=str(store), known=known, rungs=rungs)
+    after = drive(second)
+    again_at_rung = [job for job in after if job.stop_at == 0.5 and job.trial.trial_id in known]
+    assert not again_at_rung and second.exhausted
+    # each trial that waited is still the search's: promoted on, or pruned at the rung at the end
+    went_on = {job.trial.trial_id for job in after if job.rung == 1}
+    assert set(known) <= went_on | {trial.trial_id for trial, _ in second.pruned}
+    points = {job.trial.trial_id for job in before + after}
+    assert len(points) == 8  # the three that waited and five new proposals
+    states = {t.state.name for t in second.inner._optuna.get_trials(deepcopy=False)}
+    assert states <= {"COMPLETE", "PRUNED"}

@@ -48,6 +48,9 @@ class Searcher(Protocol):
     def tell(self, job: Job, result: dict | None) -> None:
         """``job`` finished with ``result`` (a ``TrialResult`` dict), or failed (None)."""
 
+    def pause(self, job: Job, result: dict) -> None:
+        """``job``'s trial stopped at its rung with ``result`` and waits; it may be promoted later."""
+
     def prune(self, job: Job) -> None:
         """``job``'s trial stops for good short of its full budget."""
 

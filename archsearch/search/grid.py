@@ -26,6 +26,9 @@ class GridSearch:
     def tell(self, job: Job, result: dict | None) -> None:
         pass
 
+    def pause(self, job: Job, result: dict) -> None:
+        pass
+
     def prune(self, job: Job) -> None:
         pass
 

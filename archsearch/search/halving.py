@@ -106,6 +106,11 @@ class HalvingSearch:
         entry.results[entry.rung] = values
         if values is None or entry.rung == self.rungs - 1:  # failed, diverged, or trained to the end
             self.inner.tell(job, result)
+        else:
+            self.inner.pause(job, result)
+
+    def pause(self, job: Job, result: dict) -> None:
+        self.inner.pause(job, result)
 
     def prune(self, job: Job) -> None:
         self.inner.prune(job)

@@ -65,6 +65,9 @@ class ProbeSearch:
         values = None if result is None else objective_values(self.objective, {**job.trial.to_dict(), **result})
         self.scores[job.trial.trial_id] = values[0] if values else None
 
+    def pause(self, job: Job, result: dict) -> None:
+        pass
+
     def prune(self, job: Job) -> None:
         pass
 

@@ -68,6 +68,8 @@ class _Proposal:
     waiting: set[str] = field(default_factory=set)
     rows: dict[str, dict | None] = field(default_factory=dict)
     repeats: list[int] = field(default_factory=list)  # Optuna trials that proposed this point again
+    paused: dict[str, tuple[int, list[float]]] = field(default_factory=dict)  # trial id -> rung, its values
+    told_paused: bool = False  # the sampler heard it was pruned at a rung; it may still be promoted
 
 
 class SampledSearch:
@@ -132,6 +134,21 @@ class SampledSearch:
     def tell(self, job: Job, result: dict | None) -> None:
         row = None if result is None else {**job.trial.to_dict(), **result}
         self._record(job.trial.trial_id, row)
+
+    def pause(self, job: Job, result: dict) -> None:
+        """``job``'s trial stopped at its rung and waits. Once every trial of its proposal
+        waits or ended, the sampler is told the proposal was pruned at that rung (with the
+        rung's value, for one objective), as Optuna's own pruners tell TPE: so a sampler
+        under ASHA learns from the rungs, not only from the few trials that reach the end.
+        Should the rungs promote the proposal to the end later, its final value is told too."""
+        values = objective_values(self.objectives, {**job.trial.to_dict(), **result})
+        for number in self._awaiting.get(job.trial.trial_id, []):
+            proposal = self._open.get(number)
+            if proposal is None or proposal.told_paused or values is None:
+                continue
+            proposal.paused[job.trial.trial_id] = (job.rung, values)
+            if {t.trial_id for t in proposal.trials} <= set(proposal.paused) | set(proposal.rows):
+                self._tell_paused(proposal)
 
     def prune(self, job: Job) -> None:
         self._record(job.trial.trial_id, _PRUNED)
@@ -279,6 +296,31 @@ class SampledSearch:
             if not proposal.waiting:
                 self._close(self._open.pop(number))
 
+    def _tell_paused(self, proposal: _Proposal) -> None:
+        import optuna
+        from optuna.trial import TrialState
+
+        rung = min(r for r, _ in proposal.paused.values())
+        at_rung = [values[0] for r, values in proposal.paused.values() if r == rung]
+        frozen = self._optuna.get_trials(deepcopy=False)[proposal.number]
+        handle = optuna.trial.Trial(self._optuna, frozen._trial_id)
+        if len(self.objectives) == 1:  # Optuna keeps intermediate values for one objective only
+            handle.report(sum(at_rung) / len(at_rung), step=rung)
+        handle.set_user_attr("paused_at_rung", rung)
+        self._optuna.tell(proposal.number, state=TrialState.PRUNED, skip_if_finished=True)
+        proposal.told_paused = True
+
+    def _tell_continued(self, proposal: _Proposal, values: list[float]) -> None:
+        """A proposal told pruned at a rung reached the end after all: its value goes in as a
+        trial of its own at the same point (not counted as a proposal)."""
+        import optuna
+
+        frozen = self._optuna.get_trials(deepcopy=False)[proposal.number]
+        with _experimental_allowed():
+            self._optuna.add_trial(optuna.trial.create_trial(
+                params=frozen.params, distributions=frozen.distributions, values=values,
+                user_attrs={"continues": proposal.number}))
+
     def _close(self, proposal: _Proposal) -> None:
         """Tell the sampler a proposal's mean objectives over its trials."""
         from optuna.trial import TrialState
@@ -295,6 +337,8 @@ class SampledSearch:
             outcome, state = ("complete", [sum(column) / len(column) for column in zip(*scored)]), "completed"
         for number in [proposal.number, *proposal.repeats]:
             self._tell_outcome(number, outcome)
+        if proposal.told_paused and outcome[0] == "complete":
+            self._tell_continued(proposal, outcome[1])
         self._outcomes[proposal.number] = outcome
         self.records.append(dict(record, values=outcome[1], state=state))
 
@@ -312,6 +356,12 @@ class SampledSearch:
                 self._optuna.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
                 continue
             self._open_proposal(trial.number, point, plan_points(self.study, [point]))
+        for trial in self._optuna.get_trials(deepcopy=False, states=(TrialState.PRUNED,)):
+            ids = trial.user_attrs.get("trial_ids", [])
+            if "paused_at_rung" in trial.user_attrs and any(
+                    self.known.get(i, {}).get("status") == "paused" for i in ids):
+                self._open_proposal(trial.number, trial.user_attrs["point"], plan_points(self.study, [trial.user_attrs["point"]]))
+                self._open[trial.number].told_paused = True
         for trial in running:  # repeats once the proposals they repeat are open again
             if "repeat_of" in trial.user_attrs:
                 self._repeat(trial.number, trial.user_attrs["repeat_of"])
