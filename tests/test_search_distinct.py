@@ -106,3 +106,14 @@ def test_a_resumed_search_never_proposes_a_finished_point_again(tmp_path):
     trained = [t.trial_id for t in before[:4]] + [t.trial_id for t in after]
     assert len(set(trained)) == 8 == len(trained)
     assert {t.state.name for t in second._optuna.get_trials(deepcopy=False)} == {"COMPLETE"}
+
+
+@pytest.mark.parametrize("sampler", ["tpe", "nsga2"])
+def test_the_last_points_of_a_listed_space_are_put_to_the_sampler(tmp_path, monkeypatch, sampler):
+    """A sampler that keeps proposing what it has is handed a point not yet proposed, so
+    trials equal to the space's size reach every point, well inside the repeat bound."""
+    monkeypatch.setattr(sampled_module, "MAX_REPEATS", 12)
+    monkeypatch.setattr(sampled_module, "REPEATS_BEFORE_FILL", 3)
+    search = open_search(write_study(tmp_path, sampler=sampler, trials=8), tmp_path / "s.duckdb")
+    asked = drive(search, width=1)
+    assert len({t.trial_id for t in asked}) == 8 and not search.ran_out and search.notes == []

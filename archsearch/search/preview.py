@@ -56,7 +56,7 @@ def plan_search(study: Study, *, draws: int = DRAWS) -> SearchPlan:
     search = study.search
     fidelity = search.fidelity
     rungs = [fidelity.eta ** -(fidelity.rungs - 1 - k) for k in range(fidelity.rungs)] if fidelity else None
-    points = count_points(study)
+    points = _count_points(study)
     if search.sampler == "grid":
         trials = plan(study)
         trained = [t for t in trials if t.same_as is None]
@@ -123,7 +123,7 @@ def _drawn(study: Study, draws: int) -> tuple[list[list[PlannedTrial]], int]:
     return planned, infeasible
 
 
-def count_points(study: Study) -> int | None:
+def _count_points(study: Study) -> int | None:
     """The space's points where every axis is a list (conditions and constraints applied), else None."""
     if any(axis.values is None for axis in axes_of(study.space).values()):
         return None
@@ -149,4 +149,4 @@ def _number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else f"{value:g}"
 
 
-__all__ = ["SearchPlan", "count_points", "plan_search", "trained_share"]
+__all__ = ["SearchPlan", "plan_search", "trained_share"]

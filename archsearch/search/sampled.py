@@ -10,9 +10,10 @@ TPE's constant liar keeps parallel proposals apart.
 
 Every proposal is a point not proposed before: a sampler that proposes a
 point again is told the value that point has (once it has one) and asked for
-another, up to ``MAX_REPEATS`` times in a row; the search then counts the
-space as run out (``ran_out``), as it does once every point of a space it can
-count has been proposed.
+another; after ``REPEATS_BEFORE_FILL`` repeats in a row, a space of listed
+values has one of its points not yet proposed put to the sampler. A space
+counts as run out (``ran_out``) once every point of a space of listed values
+has been proposed, or after ``MAX_REPEATS`` repeats in a row.
 
 The sampler's history lives in an Optuna journal file beside the store, so a
 killed driver loses nothing: ``resume`` re-runs the proposals that were still
@@ -24,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import random
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +40,7 @@ from archsearch.space.expand import (
     axis_error,
     check_axis_value,
     compile_expressions,
+    expand,
     expression_name,
     is_int_axis,
     resolve_point,
@@ -49,6 +52,9 @@ from archsearch.space.schema import FAMILY_AXES, Axis, Study
 MAX_REJECTIONS = 1000
 # consecutive proposals of points proposed before, after which the space counts as run out
 MAX_REPEATS = 200
+# consecutive repeats after which a space of listed values has one of its points not yet
+# proposed put to the sampler (Optuna's enqueue_trial), so N trials reach N points quickly
+REPEATS_BEFORE_FILL = 10
 # the row of a trial a multi-fidelity search stopped short of its budget
 _PRUNED: dict = {"pruned": True}
 
@@ -112,10 +118,10 @@ class SampledSearch:
         self.counted = sum(1 for t in history if t.user_attrs.get("counted"))
         self._seen = {point_key(t.user_attrs["point"]): t.number for t in history
                       if t.user_attrs.get("counted") and "point" in t.user_attrs}  # point -> its proposal
-        from archsearch.search.preview import count_points
-
         self._outcomes = {t.number: _outcome(t) for t in history if t.user_attrs.get("counted") and t.state.is_finished()}
-        self.space_points = count_points(study)  # None where the space has ranges
+        self._points = _listed_points(study)  # None where the space has ranges
+        self.space_points = None if self._points is None else len(self._points)
+        self._fill_rng = random.Random(study.search.seed)
         self.ran_out = False
         self.notes: list[str] = []
         self._resume_running()
@@ -209,6 +215,8 @@ class SampledSearch:
                 trial.set_user_attr("repeat_of", self._seen[key])
                 self._repeat(trial.number, self._seen[key])
                 repeated += 1
+                if repeated % REPEATS_BEFORE_FILL == 0:
+                    self._fill()
                 if repeated >= MAX_REPEATS:
                     self.ran_out = True
                     self._note_ran_out()
@@ -250,6 +258,14 @@ class SampledSearch:
         else:
             self._optuna.tell(number, state=TrialState.PRUNED if state == "pruned" else TrialState.FAIL,
                               skip_if_finished=True)
+
+    def _fill(self) -> None:
+        """Put a point of the space not yet proposed to the sampler, for its next proposal."""
+        if self._points is None:
+            return
+        unseen = [point for point in self._points if point_key(point) not in self._seen]
+        if unseen:
+            self._optuna.enqueue_trial(self._fill_rng.choice(unseen))
 
     def _note_ran_out(self) -> None:
         """Say once, where the space has fewer points than ``trials``, that it ran out."""
@@ -365,6 +381,17 @@ class SampledSearch:
         for trial in running:  # repeats once the proposals they repeat are open again
             if "repeat_of" in trial.user_attrs:
                 self._repeat(trial.number, trial.user_attrs["repeat_of"])
+
+
+def _listed_points(study: Study) -> list[dict] | None:
+    """Every point of a space whose axes are all lists (conditions and constraints applied);
+    None where an axis is a range or the points are too many to list."""
+    if any(axis.values is None for axis in axes_of(study.space).values()):
+        return None
+    try:
+        return expand(study.space)
+    except SpecError:
+        return None
 
 
 def point_key(point: dict) -> str:
