@@ -78,7 +78,7 @@ def archsearch_run(study_path: Path, store: Path) -> float:
     """``archsearch run``, timed from outside (Ray's start and every relaunch count)."""
     start = time.perf_counter()
     subprocess.run([sys.executable, "-m", "archsearch.cli", "run", str(study_path), "--store", str(store),
-                    "--no-progress"], check=True)
+                    "--no-progress"], check=True, cwd=store.parent)  # its report goes beside the store
     return time.perf_counter() - start
 
 
