@@ -17,6 +17,9 @@
    the trials trained to the end reach at a share of the grid's tokens.
 3. ``--real``: ASHA over TPE through ``archsearch run`` (DIR/asha_tpe.duckdb), so relaunches and
    checkpoints count: its wall time and best against the grid's.
+4. ``--ladder``: the fidelity ladder on the same points (an MQAR probe, ``keep: 1`` so every point
+   has both) through ``archsearch run`` on a copy of the grid's store (its text trials are done):
+   Spearman's rho between the probe's ranking and the text's, with its 95% interval.
 """
 
 from __future__ import annotations
@@ -49,6 +52,9 @@ recipe: {{steps: {steps}, batch_size: 8, lr: 3.0e-3, schedule: wsd, decay_fracti
 execution: {{max_parallel: 2, threads_per_trial: 1}}
 search: {search}
 """
+PROBE = ("{probe: {data: {kind: mqar, seq_len: 64, vocab_size: 256, num_pairs: 8}, keep: 1.0, recipe: {steps: 135, "
+         "batch_size: 8, lr: 3.0e-3, schedule: wsd, decay_fraction: 0.2, warmup_steps: 10, eval_every: 45, "
+         "eval_batches: 4}}}")
 SEARCHES = {  # name -> (sampler, fidelity)
     "grid": ("grid", None), "random": ("random", None), "TPE": ("tpe", None),
     "ASHA over grid": ("grid", "asha"), "ASHA over random": ("random", "asha"), "ASHA over TPE": ("tpe", "asha"),
@@ -172,6 +178,7 @@ def main() -> None:
     parser.add_argument("--work", type=Path, required=True, help="folder for the grid's store (reused) and runs")
     parser.add_argument("--orders", type=int, default=10, help="seeds (samplers) or shuffled orders (grid) per search")
     parser.add_argument("--real", action="store_true", help="also run ASHA over TPE through `archsearch run`")
+    parser.add_argument("--ladder", action="store_true", help="also measure the MQAR probe ladder's rank correlation")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     import archsearch as A
@@ -203,6 +210,8 @@ def main() -> None:
         two_objectives(args, folder, curves, grid_trials, final, grid_steps)
     if args.real:
         real_run(args.work, facts, final)
+    if args.ladder:
+        ladder(args.work)
 
 
 def two_objectives(args, folder, curves, grid_trials, final, grid_steps) -> None:
@@ -248,6 +257,24 @@ def real_run(work: Path, facts: dict, final: dict) -> None:
           f"{wall:.0f} s against the grid's {facts['wall_s']:.0f} s ({wall / facts['wall_s']:.0%}); "
           f"{len(trials)} trials, {len(done)} trained to the end, {tokens / grid_tokens:.1%} of the grid's tokens; "
           f"best val_loss {found:.4f} against the grid's {min(final.values()):.4f} ({found / min(final.values()) - 1:+.2%})")
+
+
+def ladder(work: Path) -> None:
+    """The probe ladder over the grid's points, its text trials taken from a copy of the grid's store."""
+    import shutil
+
+    import archsearch as A
+
+    path, store = work / "ladder.yaml", work / "ladder.duckdb"
+    if not store.exists():
+        shutil.copy(work / "grid.duckdb", store)
+    path.write_text(STUDY.format(name="bench_search_ladder", steps=STEPS, search=PROBE))
+    wall = archsearch_run(path, store)
+    with A.open_store(store, read_only=True) as db:
+        row = db.sql("SELECT points, spearman, low, high FROM fidelity_ladders WHERE study = ?",
+                     ["bench_search_ladder"]).to_pylist()[0]
+    print(f"\nfidelity ladder (MQAR probe, {row['points']} points, {wall:.0f} s): Spearman's rho between the probe's "
+          f"ranking and the text's {row['spearman']:+.2f} [{row['low']:+.2f}, {row['high']:+.2f}] (95% bootstrap)")
 
 
 if __name__ == "__main__":
