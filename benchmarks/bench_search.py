@@ -198,7 +198,8 @@ def main() -> None:
               f"{len(final)}")
         print("\nshare of the grid's tokens spent until a trial trained to the end reaches the grid's best "
               f"(median [range] over {args.orders} seeds/orders)\n")
-        print("| search | the best | within 1% | within 2% | tokens spent in all |\n| --- | ---: | ---: | ---: | ---: |")
+        print("| search | the best | within 1% | within 2% | tokens spent in all |\n"
+              "| --- | ---: | ---: | ---: | ---: |")
         for name, spec in SEARCHES.items():
             rows = [[], [], [], []]
             for seed in range(args.orders):
@@ -256,7 +257,8 @@ def real_run(work: Path, facts: dict, final: dict) -> None:
     print(f"\nreal run, ASHA over TPE (24 proposals, {RUNGS} rungs, eta {ETA}) through `archsearch run`: wall "
           f"{wall:.0f} s against the grid's {facts['wall_s']:.0f} s ({wall / facts['wall_s']:.0%}); "
           f"{len(trials)} trials, {len(done)} trained to the end, {tokens / grid_tokens:.1%} of the grid's tokens; "
-          f"best val_loss {found:.4f} against the grid's {min(final.values()):.4f} ({found / min(final.values()) - 1:+.2%})")
+          f"best val_loss {found:.4f} against the grid's {min(final.values()):.4f} "
+          f"({found / min(final.values()) - 1:+.2%})")
 
 
 def ladder(work: Path) -> None:

@@ -48,7 +48,8 @@ class SearchPlan:
         return {"sampler": self.sampler, "proposals": self.proposals, "space": self.space, "points": self.points,
                 "trials_per_proposal": self.trials_per_proposal, "rungs": self.rungs, "fidelity": self.fidelity,
                 "most_train_flops": self.most_flops, "expected_train_flops": self.expected_flops,
-                "infeasible_drawn": self.infeasible, "trials_asked": self.asked, "sample": [t.to_dict() for t in self.sample]}
+                "infeasible_drawn": self.infeasible, "trials_asked": self.asked,
+                "sample": [t.to_dict() for t in self.sample]}
 
 
 def plan_search(study: Study, *, draws: int = DRAWS) -> SearchPlan:

@@ -118,7 +118,8 @@ class SampledSearch:
         self.counted = sum(1 for t in history if t.user_attrs.get("counted"))
         self._seen = {point_key(t.user_attrs["point"]): t.number for t in history
                       if t.user_attrs.get("counted") and "point" in t.user_attrs}  # point -> its proposal
-        self._outcomes = {t.number: _outcome(t) for t in history if t.user_attrs.get("counted") and t.state.is_finished()}
+        self._outcomes = {t.number: _outcome(t) for t in history  # a finished proposal's outcome, for its repeats
+                          if t.user_attrs.get("counted") and t.state.is_finished()}
         self._points = _listed_points(study)  # None where the space has ranges
         self.space_points = None if self._points is None else len(self._points)
         self._fill_rng = random.Random(study.search.seed)
@@ -168,13 +169,14 @@ class SampledSearch:
     @property
     def expected(self) -> int:
         per_point = len(self.study.budget.target_list()) * len(self.study.seeds)
-        return max(1, (self._proposals_left()) * per_point + len(self._queue))
+        return max(1, self._proposals_left() * per_point + len(self._queue))
 
     @property
     def exhausted(self) -> bool:
         return not self._queue and not self._proposals_left()
 
     def _proposals_left(self) -> int:
+        """Proposals still to ask for: to ``trials``, and no more than the points not yet proposed."""
         if self.ran_out:
             return 0
         left = self.budget - self.counted
@@ -313,6 +315,7 @@ class SampledSearch:
                 self._close(self._open.pop(number))
 
     def _tell_paused(self, proposal: _Proposal) -> None:
+        """Tell the sampler ``proposal`` was pruned at the lowest rung its trials wait at."""
         import optuna
         from optuna.trial import TrialState
 
@@ -338,9 +341,7 @@ class SampledSearch:
                 user_attrs={"continues": proposal.number}))
 
     def _close(self, proposal: _Proposal) -> None:
-        """Tell the sampler a proposal's mean objectives over its trials."""
-        from optuna.trial import TrialState
-
+        """Tell the sampler (and the proposal's repeats) its mean objectives over its trials."""
         record = dict(number=proposal.number, point=proposal.point, trial_ids=list(proposal.rows),
                       objectives=[o.label for o in self.objectives])
         scored = [objective_values(self.objectives, row) if row is not None and row is not _PRUNED else None
@@ -373,10 +374,11 @@ class SampledSearch:
                 continue
             self._open_proposal(trial.number, point, plan_points(self.study, [point]))
         for trial in self._optuna.get_trials(deepcopy=False, states=(TrialState.PRUNED,)):
-            ids = trial.user_attrs.get("trial_ids", [])
+            # told pruned at a rung, its trials still waiting there in the store: the rungs may go on
+            point, ids = trial.user_attrs.get("point"), trial.user_attrs.get("trial_ids", [])
             if "paused_at_rung" in trial.user_attrs and any(
                     self.known.get(i, {}).get("status") == "paused" for i in ids):
-                self._open_proposal(trial.number, trial.user_attrs["point"], plan_points(self.study, [trial.user_attrs["point"]]))
+                self._open_proposal(trial.number, point, plan_points(self.study, [point]))
                 self._open[trial.number].told_paused = True
         for trial in running:  # repeats once the proposals they repeat are open again
             if "repeat_of" in trial.user_attrs:
