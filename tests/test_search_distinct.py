@@ -83,6 +83,15 @@ def test_a_space_smaller_than_trials_runs_out_and_says_so(tmp_path, sampler):
     assert (preview.proposals, preview.asked, preview.points) == (8, 12, 8)
 
 
+def test_plan_says_the_space_runs_out_before_anything_trains(tmp_path):
+    from tests.test_errors import run_cli
+
+    result = run_cli("plan", str(write_study(tmp_path, sampler="tpe", trials=12)))
+    assert result.returncode == 0, result.stderr
+    assert "the space runs out: it holds 8 points, fewer than search.trials (12)" in " ".join(result.stdout.split())
+    assert "proposes 8 points" in result.stdout
+
+
 def test_a_space_of_ranges_runs_out_after_repeats_in_a_row(tmp_path, monkeypatch):
     """Ranges cannot be counted: a run of repeats says the space is spent."""
     monkeypatch.setattr(sampled_module, "MAX_REPEATS", 20)
@@ -117,3 +126,14 @@ def test_the_last_points_of_a_listed_space_are_put_to_the_sampler(tmp_path, monk
     search = open_search(write_study(tmp_path, sampler=sampler, trials=8), tmp_path / "s.duckdb")
     asked = drive(search, width=1)
     assert len({t.trial_id for t in asked}) == 8 and not search.ran_out and search.notes == []
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_run_over_a_smaller_space_trains_each_point_once_and_says_it_ran_out(tmp_path):
+    from archsearch.execute import run_study
+
+    summary = run_study(A.load_study(write_study(tmp_path, sampler="tpe", trials=12)), store=tmp_path / "s.duckdb",
+                        show_progress=False)
+    assert summary.completed == summary.planned == 8 and summary.failed == 0
+    assert summary.notes == ("the space ran out after 8 of 12 proposals: the space holds 8 points",)
