@@ -138,6 +138,9 @@ def search_plan(preview, *, layers: bool = False, wide: bool = False) -> None:
         head = (f"search: {preview.sampler} proposes {preview.proposals:,} points of a space of {preview.space}; "
                 f"each is planned at every budget target and seed ({preview.trials_per_proposal:g} trials a point)")
     lines = [head]
+    if preview.asked is not None and preview.asked > preview.proposals:
+        lines.append(f"the space runs out: it holds {preview.proposals:,} points, fewer than search.trials "
+                     f"({preview.asked:,}); every proposal is a point not proposed before")
     if preview.infeasible:
         lines.append(f"{preview.infeasible} of the points drawn reach no budget target (the sampler is told they "
                      "failed and draws again)")
@@ -350,6 +353,8 @@ def run_summary(summary, *, store: Path, report: Path, retry: str = "", attempts
                             f"{summary.completed:,} trained, "
                             + (f"{summary.shared:,} shared a twin's training, " if summary.shared else "")
                             + f"{summary.failed:,} failed in {summary.wall_time_s:,.0f}s"))
+    for note in summary.notes:
+        out.print(plain(note))
     if summary.held:
         out.print(f"{summary.held:,} failed or diverged trial{'s' * (summary.held != 1)} left as "
                   f"{'they are' if summary.held != 1 else 'it is'} after {attempts} attempts (execution.max_attempts); "

@@ -1,6 +1,6 @@
 """The one contract every search keeps with the driver (``search._base.Searcher``):
 driven to its end as the driver drives it, each has the members the driver reads
-(``records``, ``ladder``, ``pruned``, ``rungs``), with what they must hold."""
+(``records``, ``ladder``, ``pruned``, ``rungs``, ``notes``), with what they must hold."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def drive(search: Searcher) -> None:
 @pytest.mark.parametrize("make", [grid, sampled, probe, halving], ids=["grid", "sampled", "probe", "halving"])
 def test_every_search_keeps_the_members_the_driver_reads(tmp_path, make):
     search = make(tmp_path)
-    assert search.records == [] and search.pruned == [] and search.ladder is None
+    assert search.records == [] and search.pruned == [] and search.ladder is None and search.notes == []
     drive(search)
     assert search.exhausted
     assert isinstance(search.rungs, int) and search.rungs >= 1
@@ -65,5 +65,6 @@ def test_every_search_keeps_the_members_the_driver_reads(tmp_path, make):
     assert (search.ladder is not None) == (make is probe)
     assert all(0 <= rung < search.rungs - 1 for _, rung in search.pruned)
     assert (len(search.pruned) > 0) == (make is halving)
+    assert all(isinstance(note, str) for note in search.notes)
     search.records.clear()  # the driver empties the list it wrote; the search keeps that list
     assert search.records == []

@@ -61,6 +61,7 @@ class RunSummary:
     diverged: int = 0
     shared: int = 0  # completed with a twin's result (same spec, data, recipe, seed), not trained again
     held: int = 0  # failed or diverged after execution.max_attempts attempts: left as they are
+    notes: tuple[str, ...] = ()  # what the search says of itself (a space that ran out before search.trials)
 
 
 def run_study(study: Study, *, store: str | Path = "archsearch.duckdb", address: str | None = None,
@@ -124,7 +125,8 @@ def run_study(study: Study, *, store: str | Path = "archsearch.duckdb", address:
             skipped = planned - sum(counts.values())
     return RunSummary(study=study.name, planned=planned, skipped=skipped, completed=counts["completed"],
                       failed=counts["failed"] + counts["diverged"], diverged=counts["diverged"],
-                      shared=counts["shared"], held=held, wall_time_s=time.perf_counter() - start)
+                      shared=counts["shared"], held=held, notes=tuple(searcher.notes),
+                      wall_time_s=time.perf_counter() - start)
 
 
 def _run_on_ray(searcher: Searcher, db: Store, study: Study, *, store: str | Path, address: str | None,

@@ -30,11 +30,14 @@ class Searcher(Protocol):
     ``records`` (a sampler's finished proposals; the driver empties the list
     once written), ``ladder`` (a fidelity ladder's rank correlation, once
     known), ``pruned`` (trials stopped for good at a rung, once the search is
-    over) and ``rungs`` (how many rungs a trial's budget is cut into; 1 for a
-    search without rungs). A search with none of these keeps them empty.
+    over), ``rungs`` (how many rungs a trial's budget is cut into; 1 for a
+    search without rungs) and ``notes`` (what the run's summary should say of
+    the search, such as a space that ran out before ``trials``). A search with
+    none of these keeps them empty.
     """
 
     records: list[dict]
+    notes: list[str]
     ladder: dict | None
     pruned: list[tuple[PlannedTrial, int]]
     rungs: int
@@ -44,6 +47,9 @@ class Searcher(Protocol):
 
     def tell(self, job: Job, result: dict | None) -> None:
         """``job`` finished with ``result`` (a ``TrialResult`` dict), or failed (None)."""
+
+    def pause(self, job: Job, result: dict) -> None:
+        """``job``'s trial stopped at its rung with ``result`` and waits; it may be promoted later."""
 
     def prune(self, job: Job) -> None:
         """``job``'s trial stops for good short of its full budget."""

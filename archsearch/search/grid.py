@@ -12,17 +12,21 @@ class GridSearch:
     def __init__(self, trials: list[PlannedTrial]):
         self._queue = list(trials)
         self.total = len(trials)
-        # nothing beside its trials (the Searcher protocol's records, ladder, pruned, rungs)
+        # nothing beside its trials (the Searcher protocol's records, ladder, pruned, rungs, notes)
         self.records: list[dict] = []
         self.ladder: dict | None = None
         self.pruned: list[tuple[PlannedTrial, int]] = []
         self.rungs = 1
+        self.notes: list[str] = []
 
     def ask(self, n: int) -> list[Job]:
         out, self._queue = self._queue[:n], self._queue[n:]
         return [Job(trial) for trial in out]
 
     def tell(self, job: Job, result: dict | None) -> None:
+        pass
+
+    def pause(self, job: Job, result: dict) -> None:
         pass
 
     def prune(self, job: Job) -> None:

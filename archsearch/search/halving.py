@@ -7,7 +7,9 @@ ranks in the top ``1/eta`` of the trials that reached its rung: by the one
 objective, or, for several, by non-dominated rank with crowding distance as
 the tie-break (as MOASHA does; Optuna's pruners cannot prune multi-objective
 studies). A promoted trial continues from its checkpoint. Trials never
-promoted end ``pruned`` at their rung, their curves kept.
+promoted end ``pruned`` at their rung, their curves kept. The search that
+proposed a trial (a grid, or a sampler: BOHB-style) hears each rung it stops
+at (``pause``), its end, and at last whether it was pruned.
 
 The schedule must be WSD: every rung below the last lies in the stable phase,
 so a trial stopped at a rung and continued later follows exactly the learning
@@ -106,6 +108,11 @@ class HalvingSearch:
         entry.results[entry.rung] = values
         if values is None or entry.rung == self.rungs - 1:  # failed, diverged, or trained to the end
             self.inner.tell(job, result)
+        else:
+            self.inner.pause(job, result)
+
+    def pause(self, job: Job, result: dict) -> None:
+        self.inner.pause(job, result)
 
     def prune(self, job: Job) -> None:
         self.inner.prune(job)
@@ -122,6 +129,10 @@ class HalvingSearch:
     @property
     def ladder(self) -> dict | None:
         return self.inner.ladder
+
+    @property
+    def notes(self) -> list[str]:
+        return self.inner.notes
 
     @property
     def exhausted(self) -> bool:

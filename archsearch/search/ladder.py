@@ -43,9 +43,10 @@ class ProbeSearch:
         self._out: set[str] = set()
         self._promoted = False
         self.ladder: dict | None = None
-        self.records: list[dict] = []  # (the Searcher protocol's: no proposals, no rungs, nothing pruned)
+        self.records: list[dict] = []  # (the Searcher protocol's: no proposals, no rungs, nothing pruned, no notes)
         self.pruned: list[tuple[PlannedTrial, int]] = []
         self.rungs = 1
+        self.notes: list[str] = []
 
     # the Searcher protocol
 
@@ -63,6 +64,9 @@ class ProbeSearch:
         self._out.discard(job.trial.trial_id)
         values = None if result is None else objective_values(self.objective, {**job.trial.to_dict(), **result})
         self.scores[job.trial.trial_id] = values[0] if values else None
+
+    def pause(self, job: Job, result: dict) -> None:
+        pass
 
     def prune(self, job: Job) -> None:
         pass

@@ -32,7 +32,7 @@ class SearchPlan:
     (a sampler) or the whole grid."""
 
     sampler: str
-    proposals: int
+    proposals: int  # points it will propose: search.trials, or all of a smaller space's
     space: str
     points: int | None
     trials_per_proposal: float
@@ -41,13 +41,15 @@ class SearchPlan:
     most_flops: float
     expected_flops: float
     infeasible: int = 0  # drawn points no width reaches a budget target at
+    asked: int | None = None  # search.trials (a sampler): more than ``proposals`` where the space runs out
     sample: list[PlannedTrial] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {"sampler": self.sampler, "proposals": self.proposals, "space": self.space, "points": self.points,
                 "trials_per_proposal": self.trials_per_proposal, "rungs": self.rungs, "fidelity": self.fidelity,
                 "most_train_flops": self.most_flops, "expected_train_flops": self.expected_flops,
-                "infeasible_drawn": self.infeasible, "sample": [t.to_dict() for t in self.sample]}
+                "infeasible_drawn": self.infeasible, "trials_asked": self.asked,
+                "sample": [t.to_dict() for t in self.sample]}
 
 
 def plan_search(study: Study, *, draws: int = DRAWS) -> SearchPlan:
@@ -68,12 +70,13 @@ def plan_search(study: Study, *, draws: int = DRAWS) -> SearchPlan:
     drawn, infeasible = _drawn(study, draws)
     costs = [sum(t.train_flops for t in planned) for planned in drawn] or [0.0]
     per_point = len(study.budget.target_list()) * len(study.seeds)
-    total = search.trials * per_point
-    share = trained_share(fidelity.kind, fidelity.rungs, fidelity.eta, total) if fidelity else 1.0
-    return SearchPlan(sampler=search.sampler, proposals=search.trials, space=_space_words(study, points),
+    proposals = search.trials if points is None else min(search.trials, points)  # distinct points only
+    share = trained_share(fidelity.kind, fidelity.rungs, fidelity.eta, proposals * per_point) if fidelity else 1.0
+    return SearchPlan(sampler=search.sampler, proposals=proposals, space=_space_words(study, points),
                       points=points, trials_per_proposal=sum(map(len, drawn)) / max(1, len(drawn)), rungs=rungs,
-                      fidelity=fidelity.kind if fidelity else None, most_flops=search.trials * max(costs),
-                      expected_flops=search.trials * (sum(costs) / len(costs)) * share, infeasible=infeasible,
+                      fidelity=fidelity.kind if fidelity else None, most_flops=proposals * max(costs),
+                      expected_flops=proposals * (sum(costs) / len(costs)) * share, infeasible=infeasible,
+                      asked=search.trials,
                       sample=[t for planned in drawn for t in planned])
 
 
