@@ -352,6 +352,7 @@ def run_summary(summary, *, store: Path, report: Path, retry: str = "", attempts
                             f": {summary.planned:,} trials planned, {summary.skipped:,} already done, "
                             f"{summary.completed:,} trained, "
                             + (f"{summary.shared:,} shared a twin's training, " if summary.shared else "")
+                            + (f"{summary.pruned:,} stopped early by the search, " if summary.pruned else "")
                             + f"{summary.failed:,} failed in {summary.wall_time_s:,.0f}s"))
     for note in summary.notes:
         out.print(plain(note))

@@ -215,6 +215,8 @@ def test_asha_on_ray_stores_rungs_and_pruned_trials(tmp_path):
     pruned = [t for t in trials.values() if t["status"] == "pruned"]
     assert len(trials) == 4 and 1 <= len(completed) <= 2 and len(completed) + len(pruned) == 4
     assert summary.completed == len(completed)
+    # the trials a rung stopped are counted as such, never as "already done"
+    assert summary.pruned == len(pruned) and summary.skipped == 0
     assert all(t["steps"] == 6 and t["error"] == "pruned at rung 1 of 2" for t in pruned)
     assert all(t["steps"] == 18 for t in completed)
     assert {r["steps"] for r in rungs} == {6, 18} and len(rungs) == 4 + len(completed)

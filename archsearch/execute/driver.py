@@ -61,6 +61,7 @@ class RunSummary:
     diverged: int = 0
     shared: int = 0  # completed with a twin's result (same spec, data, recipe, seed), not trained again
     held: int = 0  # failed or diverged after execution.max_attempts attempts: left as they are
+    pruned: int = 0  # stopped at a rung by a multi-fidelity search (trained, not to the end)
     notes: tuple[str, ...] = ()  # what the search says of itself (a space that ran out before search.trials)
 
 
@@ -101,7 +102,7 @@ def run_study(study: Study, *, store: str | Path = "archsearch.duckdb", address:
             if not retry_failed:
                 held = sum(out_of_attempts(known.get(t.trial_id), study.execution.max_attempts) for t in trials)
             planned, skipped = len(trials), len(trials) - searcher.expected - held
-        counts = {"completed": 0, "failed": 0, "diverged": 0, "shared": 0}
+        counts = {"completed": 0, "failed": 0, "diverged": 0, "shared": 0, "pruned": 0}
         if not searcher.exhausted:
             preflight_checks(study, db, trials if grid else None)  # raises, before anything trains, on a leak
             preflight_kernels(study.name, db, [t.spec for t in trials] if grid else None)
@@ -125,7 +126,7 @@ def run_study(study: Study, *, store: str | Path = "archsearch.duckdb", address:
             skipped = planned - sum(counts.values())
     return RunSummary(study=study.name, planned=planned, skipped=skipped, completed=counts["completed"],
                       failed=counts["failed"] + counts["diverged"], diverged=counts["diverged"],
-                      shared=counts["shared"], held=held, notes=tuple(searcher.notes),
+                      shared=counts["shared"], pruned=counts["pruned"], held=held, notes=tuple(searcher.notes),
                       wall_time_s=time.perf_counter() - start)
 
 
@@ -193,7 +194,7 @@ class _Scheduler:
         self.kernels = kernels  # the driver's kernel settings, for every trial's task
         self.nice = nice  # execution.nice: each trial's niceness, else its worker's (the driver's when embedded)
         self.store, self.storage, self.threads, self.retries, self.progress = store, storage, threads, retries, progress
-        self.counts = {"completed": 0, "failed": 0, "diverged": 0, "shared": 0}
+        self.counts = {"completed": 0, "failed": 0, "diverged": 0, "shared": 0, "pruned": 0}
         self.loggers = loggers or Loggers({})  # TensorBoard, W&B, MLflow: told of each trial that trains
         self.running: dict[Any, tuple[Job, int, float]] = {}  # generator -> job, attempt, started
         self.retry_queue: deque[tuple[Job, int]] = deque()  # jobs whose worker died, with their next attempt
@@ -249,6 +250,7 @@ class _Scheduler:
         with self.db.transaction() as con:
             for trial, rung in self.searcher.pruned:
                 self.db.prune(trial.trial_id, rung=rung, rungs=self.searcher.rungs, con=con)
+        self.counts["pruned"] = len(self.searcher.pruned)
         return self.counts
 
     def _ask(self, room: int) -> list[Job]:
