@@ -1,7 +1,7 @@
 """Training tokens/s of Mamba, Mamba-2 and Gated DeltaNet against Transformer++, as ratios from one run.
 
     python benchmarks/bench_train.py [--d-model 128] [--layers 4] [--batch 8] [--seq-len 256] [--match params|width]
-                                     [--families transformer,mamba,mamba2,gdn]
+                                     [--families transformer,mamba,mamba2,gdn] [--profile 20]
 
 Builds each family as the planner does (``spec_maker``, uniform MLP widths of
 8/3 d where the family has an MLP). With ``--match params`` (the default) the
@@ -13,6 +13,9 @@ rounds, so a noisy machine slows all three alike, and prints the median
 tokens/s of each and its ratio to the transformer's; beside it the same from
 the process's CPU time (tokens per CPU-second over all threads), which a
 machine shared with other jobs disturbs far less than the wall clock.
+With ``--profile K`` it then runs ``--steps`` more steps of each family under
+torch.profiler and prints each one's K ops with the most self CPU time (where a
+family's step goes: the scan kernels, the conv, the projections, the norms).
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--match", choices=("params", "width"), default="params",
                         help="equal non-embedding parameters (solved widths) or equal d_model")
+    parser.add_argument("--profile", type=int, default=0, metavar="K",
+                        help="after timing, print each family's K ops with the most self CPU time")
     parser.add_argument("--families", default="transformer,mamba,mamba2,gdn",
                         help="comma-separated, the transformer always included (the ratios' base)")
     args = parser.parse_args()
@@ -102,6 +107,15 @@ def main() -> None:
         rate, cpu_rate = statistics.median(rates[family]), statistics.median(cpu_rates[family])
         print(f"{family:<12} {rate:>9,.0f} tokens/s   {rate / base:.2f}x transformer"
               f"   {cpu_rate:>9,.0f} tokens/CPU-s   {cpu_rate / cpu_base:.2f}x")
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        for family in families:
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                for _ in range(args.steps):
+                    step(family)
+            print(f"\n{family}: {args.steps} steps, ops by self CPU time")
+            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.profile))
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from archsearch.analysis.arms import arm_axes, arm_labels, table_rows
-from archsearch.analysis.fit import ScalingFit, compute_multiplier, fit_law, law_named
+from archsearch.analysis.fit import ScalingFit, bounded_points, compute_multiplier, fit_law, law_named
 from archsearch.analysis.pareto import Front, pareto, parse_objectives
 from archsearch.analysis.tables import as_table, decoded_rows, group_labels, numeric_column
 
@@ -101,8 +101,10 @@ def fit_scaling(data: Any, *, laws: Sequence[str] = ("N", "C", "ND"), by: str | 
                     raise ValueError(f"{law.name} needs {_needs(law)}")
                 rows = _rows(in_group, loss, [columns[v] for v in law.variables], drop_highest)
                 if progress is not None:
+                    drawn = bounded_points(len(rows))
+                    of = f" of {drawn:,} points, the starts searched on {drawn:,}" if drawn < len(rows) else ""
                     progress(f"fitting {law.name} to {group} ({count} of {len(groups) * len(laws)}): "
-                             f"{len(rows):,} points, {bootstrap} resamples")
+                             f"{len(rows):,} points, {bootstrap} resamples{of}")
                 fits.append(fit_law({v: columns[v][rows] for v in law.variables}, loss[rows], law, group=group,
                                     bootstrap=bootstrap, level=level, seed=seed, grid=grid))
             except ValueError as err:
