@@ -44,7 +44,8 @@ def test_report_png_writes_every_view_at_the_report_size(tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     names = {p.stem for p in (tmp_path / "png").glob("*.png")}
     assert names == {"scaling", "comparison", "pareto", "parallel", "curves", "training", "plan"}
-    assert [line.split(": ", 1)[0] for line in result.output.splitlines()] == ["png"] * len(names)
+    # stdout names each file; what it is doing goes to stderr
+    assert [line.split(": ", 1)[0] for line in result.stdout.splitlines()] == ["png"] * len(names)
     for path in (tmp_path / "png").glob("*.png"):
         assert png_size(path) == (1000, 520), path
         # a blank canvas of this size compresses to a few kB; a drawn figure is larger but stays small

@@ -72,7 +72,7 @@ def test_report_is_self_contained_html(finished, tmp_path):
         path = write_report(db, tmp_path / "r.html", study=study.name)
         rows = [r for r in db.trials(study.name).to_pylist() if r["status"] == "completed"]
     page = path.read_text()
-    assert page.count('class="plotly-graph-div"') == 6  # report.views
+    assert page.count('class="plotly-graph-div"') == 7  # report.views
     assert not re.search(r"<script[^>]+src=\"http", page)  # nothing fetched from the network
     for shape in ("uniform", "cosine", "reverse"):
         assert f"taper.shape={shape}" in page
