@@ -12,7 +12,7 @@ what it is, and this script owns every line between them:
     | ... |
     <!-- /table -->
 
-Kinds of table:
+Kinds of table (both take ``families=a,b`` to keep only those families' trials):
 
 - ``arms study=S by=a,b [metrics=val_loss,train_loss,gen_gap]``: each arm's
   seeds, parameters, and each metric's mean with its 95% t-interval.
@@ -63,13 +63,24 @@ class ParquetResults:
             return con.sql(query, params=[study]).to_arrow_table()
 
 
-def completed(page: str, study: str):
+def completed(page: str, study: str, families: str | None = None):
+    """The study's completed trials in the page's data; ``families`` (comma-separated) keeps those."""
+    import pyarrow.compute as pc
+
     from archsearch import analysis
 
     table = analysis.completed_trials(ParquetResults(FINDINGS / "data" / page), study)
+    if families:
+        table = table.filter(pc.is_in(table.column("family"), value_set=pa_strings(families.split(","))))
     if table.num_rows == 0:
         raise ValueError(f"{page}: no completed trials of study '{study}' in docs/findings/data/{page}")
     return table
+
+
+def pa_strings(values: list[str]):
+    import pyarrow as pa
+
+    return pa.array(values, type=pa.string())
 
 
 def verdict(row, *, claim: str | None, effect: float | None) -> str:
@@ -100,7 +111,7 @@ def claim_of(label: str, options: dict) -> str | None:
 def compare_table(page: str, options: dict) -> list[str]:
     from archsearch import analysis
 
-    data = completed(page, options["study"])
+    data = completed(page, options["study"], options.get("families"))
     result = analysis.compare_arms(data, baseline=options["baseline"], by=options.get("by"),
                                    within=options.get("within"), metric=options.get("metric", "val_loss"))
     effect = float(options["effect"]) if "effect" in options else None
@@ -124,7 +135,7 @@ def arms_table(page: str, options: dict) -> list[str]:
     import numpy as np
     from scipy import stats
 
-    data = completed(page, options["study"])
+    data = completed(page, options["study"], options.get("families"))
     by = options["by"].split(",")
     metrics = options.get("metrics", "val_loss").split(",")
     columns = {name: data.column(name).to_pylist() for name in ["params", "seed", *metrics]}
