@@ -256,10 +256,13 @@ def _solver(study: Study, point: dict):
     """``solve`` with the space's width rules filled in; takes target, make_spec, measure (and overrides)."""
     model, budget = study.space.model, study.budget
 
+    # a point's own width (a derived d_model) is fixed: the budget solves its MLPs alone
+    fixed = point.get("d_model")
+
     def solver(**kwargs) -> Solution:
         settings = dict(num_layers=layer_count(point), head_dim=model.head_dim, mlp_ratio=model.mlp_ratio,
-                        multiple_of=model.multiple_of, tolerance=budget.tolerance, solve_for=budget.solve_for,
-                        d_model=model.d_model)
+                        multiple_of=model.multiple_of, tolerance=budget.tolerance,
+                        solve_for="mlp" if fixed else budget.solve_for, d_model=fixed or model.d_model)
         return solve(**{**settings, **kwargs})
 
     return solver

@@ -229,3 +229,26 @@ def test_fit_says_which_fit_it_is_on_for_a_large_table(tmp_path, monkeypatch):
     for line in ("fitting L(N) to a (1 of 4): 30 points, 10 resamples",
                  "fitting L(N,D) to b (4 of 4): 30 points, 10 resamples"):
         assert line in told.output
+
+
+@pytest.mark.parametrize("stop_early", [False, True])
+def test_converged_means_at_a_minimum_even_when_the_line_search_reports_abnormal(monkeypatch, stop_early):
+    """L-BFGS-B with ftol 1e-15 often ends in ABNORMAL_TERMINATION_IN_LNSRCH at the optimum (no
+    step lowers the loss any more); that fit has converged. One stopped after a step, with the
+    same status but a gradient far from zero, has not."""
+    import scipy.optimize
+
+    real = scipy.optimize.minimize
+
+    def abnormal(*args, **kwargs):
+        if stop_early:
+            kwargs["options"] = dict(kwargs["options"], maxiter=1)
+        result = real(*args, **kwargs)
+        result.status, result.success = 2, False
+        return result
+
+    monkeypatch.setattr(scipy.optimize, "minimize", abnormal)
+    variables, loss, _ = synthetic("N", noise=0.005)
+    fit = analysis.fit_law(variables, loss, "N", bootstrap=0, solver="lbfgs", grid=False)
+    assert fit.converged is (not stop_early)
+    assert fit.to_dict()["converged"] is (not stop_early)

@@ -56,6 +56,9 @@ GRID_EXPONENT = (0.0, 0.5, 1.0, 1.5, 2.0)
 # L-BFGS-B stopping rules: relative change of the objective and largest
 # projected gradient component. See the module docstring for why so tight.
 FTOL, GTOL, MAX_ITER = 1e-15, 1e-12, 10_000
+# A gradient this small (largest component) is at rounding level for these objectives: a fit
+# whose line search finds no lower point there has converged (``ScalingFit.converged``).
+AT_REST = 1e-6
 # The log of the largest float: exp of more overflows (see _exp).
 LOG_MAX = float(np.log(np.finfo(float).max))
 SOLVERS = ("auto", "lbfgs")
@@ -137,7 +140,12 @@ class ScalingFit:
     ``theta`` is the optimum in log form (e, log coefficients, exponents);
     ``draws`` [bootstrap, parameters] the bootstrap optima in the same form;
     ``residuals`` the log residuals of the full fit; ``ranges`` each
-    variable's (min, max) in the data.
+    variable's (min, max) in the data. ``converged``: the fit stopped at a
+    minimum, by its stopping rule (the relative fall of the loss below
+    ``FTOL``, or a gradient below ``GTOL``), or because no step along its
+    search direction lowered the loss while the gradient was already at
+    rounding level (``AT_REST``): L-BFGS-B reports that last case as an
+    abnormal line search, which an ``FTOL`` of 1e-15 meets at many optima.
     """
 
     law: Law
@@ -271,7 +279,7 @@ def _fits_lbfgs(log_x: np.ndarray, log_loss: np.ndarray, starts: np.ndarray, sam
     (rows of point indices): (theta, its loss, converged, draws [resamples, parameters])."""
     best = min((_minimise(_HuberObjective(log_x, log_loss), start) for start in starts), key=lambda r: r.fun)
     draws = np.array([_minimise(_HuberObjective(log_x[:, rows], log_loss[rows]), best.x).x for rows in samples])
-    return best.x, float(best.fun), bool(best.success), draws.reshape(len(samples), len(best.x))
+    return best.x, float(best.fun), _converged(best), draws.reshape(len(samples), len(best.x))
 
 
 def _fits_batched(log_x: np.ndarray, log_loss: np.ndarray, starts: np.ndarray, samples: np.ndarray,
@@ -311,7 +319,7 @@ def _best_start(log_x: np.ndarray, log_loss: np.ndarray, thetas: np.ndarray, val
         with _one_blas_thread(scipy=True):
             for i in unfinished:
                 result = _minimise(_HuberObjective(log_x, log_loss), thetas[i])
-                thetas[i], values[i], done[i] = result.x, result.fun, result.success
+                thetas[i], values[i], done[i] = result.x, result.fun, _converged(result)
     best = int(np.argmin(values))
     return thetas[best], float(values[best]), bool(done[best])
 
@@ -403,6 +411,12 @@ def _minimise(objective: _HuberObjective, start: np.ndarray):
 
     return minimize(objective, np.asarray(start, dtype=float), jac=True, method="L-BFGS-B",
                     options={"ftol": FTOL, "gtol": GTOL, "maxiter": MAX_ITER, "maxfun": 2 * MAX_ITER})
+
+
+def _converged(result) -> bool:
+    """Whether L-BFGS-B stopped at a minimum: its own tests met, or its line search found no
+    lower point (status 2) with the gradient at rounding level."""
+    return bool(result.success) or (result.status == 2 and float(np.abs(result.jac).max()) <= AT_REST)
 
 
 def _log_loss(theta: np.ndarray, log_x: np.ndarray) -> np.ndarray:

@@ -23,6 +23,10 @@ SINGLE_MIXER = {"transformer": "attention", "gated_attention": "gated_attention"
                 "mamba2": "mamba2",
                 "gdn": "gated_deltanet", "titans": "titans", "hope": "attention", "memory": "attention",
                 "hrm": "attention", "universal": "attention"}
+# Derived values (space.derived) that shape a point's Gated DeltaNet layers, as the layer's options:
+# heads, key and value width per head (each 0 or absent: the layer's default, d_model / head_dim
+# heads of head_dim keys and values).
+GDN_SHAPE = {"gdn_heads": "num_heads", "gdn_key_dim": "head_k_dim", "gdn_value_dim": "head_v_dim"}
 STRUCTURE = {"looped": "looped", "memory": "memory", "hrm": "hrm", "universal": "universal"}
 
 
@@ -84,7 +88,8 @@ def spec_maker(point: Mapping[str, Any], options: ModelOptions, *, vocab_size: i
         layers = tuple(layer(m, w) for m, w in zip(mixers, widths))
         return ArchSpec(family=family, vocab_size=vocab_size, d_model=d_model,
                         num_heads=max(1, d_model // options.head_dim), layers=layers, structure=structure,
-                        options=dict(structure_options), tie_embeddings=options.tie_embeddings,
+                        options=dict(structure_options),
+                        tie_embeddings=point.get("tie_embeddings", options.tie_embeddings),
                         rope_theta=options.rope_theta)
 
     return make
@@ -98,6 +103,8 @@ def _mixer_options(point: Mapping[str, Any], mixers: list[str]) -> dict[str, dic
         options["gated_attention"] = {"gate": point["attention.gate"]}
     if "mamba2" in mixers:
         options["mamba2"] = {name.partition(".")[2]: point[name] for name in MAMBA2_AXES}
+    if "gated_deltanet" in mixers:  # derived values only, so studies without them keep their trial ids
+        options["gated_deltanet"] = {option: point[name] for name, option in GDN_SHAPE.items() if point.get(name)}
     return options
 
 

@@ -233,7 +233,10 @@ class Space(Strict):
     name: str = Field(default="space", max_length=NAME_LIMIT, description="a label for the space")
     axes: Axes = Field(description="the design axes: each a value, a list, a range or a conditional")
     derived: dict[str, str] = Field(
-        default_factory=dict, description="name: expression over axes (dots become underscores: taper_ratio)")
+        default_factory=dict, description="name: expression over axes (dots become underscores: taper_ratio); "
+                                           "a point's model reads d_model (its width, fixed: the budget solves "
+                                           "the MLPs), tie_embeddings, and gdn_heads, gdn_key_dim, gdn_value_dim "
+                                           "(its Gated DeltaNet heads and their widths; 0 keeps the default)")
     constraints: list[str] = Field(default_factory=list, description="expressions every point must satisfy")
     model: ModelOptions = ModelOptions()
     seed: Seed = Field(default=0, description="seed of sampled axes")

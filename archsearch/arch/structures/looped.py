@@ -27,7 +27,9 @@ write this k⊗L. ``spec.layers`` are the k layers of the group and
   every loop without gradient; the gate alone learns to exit where the next
   loop stops helping: with I_r = max(0, CE_r - CE_{r+1}) per token, the
   target exit probability after loop r is 1 - sigmoid(k (I_r - gamma)), fitted
-  by binary cross-entropy.
+  by binary cross-entropy. I_r is the gain of the loop the gate decides on
+  (r+1), where papers.md writes Ouro's as the gain of the loop just run
+  (L(t-1) - L(t)): a deliberate reading, reasoned in docs/architectures.md.
 
 Dimensions: B batch, T time, D model width, V vocabulary, L loops.
 """

@@ -1,0 +1,205 @@
+"""Write the tables of docs/findings/*.md from the results committed beside them.
+
+    python tools/findings_tables.py           # rewrite every generated table of every page
+    python tools/findings_tables.py --check   # exit 1, naming each table that differs from its data
+
+A page's results are the Parquet export of its study's store, in
+docs/findings/data/<page>/ (``archsearch export --parquet docs/findings/data/<page>
+--store STORE``). A generated table sits between two comment lines that say
+what it is, and this script owns every line between them:
+
+    <!-- table compare study=tlm_taper_smoke baseline=uniform within=family lower=cosine higher=reverse -->
+    | ... |
+    <!-- /table -->
+
+Kinds of table (both take ``families=a,b`` to keep only those families' trials):
+
+- ``arms study=S by=a,b [metrics=val_loss,train_loss,gen_gap]``: each arm's
+  seeds, parameters, and each metric's mean with its 95% t-interval.
+- ``compare study=S baseline=B [within=w] [by=a,b] [metric=m] [lower=x,y]
+  [higher=z] [effect=e]``: ``archsearch compare`` over the study (each arm
+  against the baseline, paired by seed, Holm over every row of the table),
+  and the verdict of docs/findings/README.md for each arm the paper makes a
+  claim about: ``lower``/``higher`` name the arms (a word of their label,
+  or ``*`` for all) the paper says beat or lose to the baseline on the metric
+  (lower is better for a loss); ``effect`` the size of the paper's effect in
+  the metric's units, where the page can state it.
+
+tests/test_findings_tables.py runs ``--check``, so a page cannot drift from its data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+FINDINGS = ROOT / "docs" / "findings"
+OPEN = re.compile(r"^<!-- table (\w+)((?: [\w.]+=\S+)*) -->$")
+CLOSE = "<!-- /table -->"
+ALPHA = 0.05  # the family-wise error of the verdicts: 95% intervals, Holm at 0.05
+
+
+class ParquetResults:
+    """A store's Parquet export read as the analysis reads a store: ``trials(study)``."""
+
+    def __init__(self, folder: Path):
+        if not (folder / "trials.parquet").exists():
+            raise FileNotFoundError(f"{folder}: no trials.parquet (archsearch export --parquet {folder} --store ...)")
+        self.folder = folder
+
+    def trials(self, study: str | None = None):
+        import duckdb
+
+        trials, links = (str(self.folder / f"{name}.parquet") for name in ("trials", "study_trials"))
+        query = (f"SELECT t.*, t.val_loss - t.train_loss AS gen_gap FROM read_parquet('{trials}') t "
+                 f"JOIN read_parquet('{links}') st USING (trial_id) WHERE st.study = ? "
+                 "ORDER BY t.created_at, t.trial_id")
+        with duckdb.connect() as con:
+            return con.sql(query, params=[study]).to_arrow_table()
+
+
+def completed(page: str, study: str, families: str | None = None):
+    """The study's completed trials in the page's data; ``families`` (comma-separated) keeps those."""
+    import pyarrow.compute as pc
+
+    from archsearch import analysis
+
+    table = analysis.completed_trials(ParquetResults(FINDINGS / "data" / page), study)
+    if families:
+        table = table.filter(pc.is_in(table.column("family"), value_set=pa_strings(families.split(","))))
+    if table.num_rows == 0:
+        raise ValueError(f"{page}: no completed trials of study '{study}' in docs/findings/data/{page}")
+    return table
+
+
+def pa_strings(values: list[str]):
+    import pyarrow as pa
+
+    return pa.array(values, type=pa.string())
+
+
+def verdict(row, *, claim: str | None, effect: float | None) -> str:
+    """docs/findings/README.md's rule for one arm against its baseline ("lower" or "higher": the
+    direction the paper states for the arm's metric)."""
+    if claim is None:
+        return "—"
+    if row.low is None or row.p_holm is None:
+        return "inconclusive"
+    sign = -1 if claim == "lower" else 1
+    if row.p_holm < ALPHA and (row.high < 0 or row.low > 0):
+        return "held" if sign * row.difference > 0 else "contradicted"
+    # the paper's effect lies outside the interval on its own side: this scale would have shown it
+    if effect is not None and (row.low > -effect if claim == "lower" else row.high < effect):
+        return "not supported"
+    return "inconclusive"
+
+
+def claim_of(label: str, options: dict) -> str | None:
+    words = label.split()
+    for direction in ("lower", "higher"):
+        terms = [t for t in options.get(direction, "").split(",") if t]
+        if "*" in terms or label in terms or any(t in words for t in terms):
+            return direction
+    return None
+
+
+def compare_table(page: str, options: dict) -> list[str]:
+    from archsearch import analysis
+
+    data = completed(page, options["study"], options.get("families"))
+    result = analysis.compare_arms(data, baseline=options["baseline"], by=options.get("by"),
+                                   within=options.get("within"), metric=options.get("metric", "val_loss"))
+    effect = float(options["effect"]) if "effect" in options else None
+    grouped = bool(result.within)
+    head = (["group"] if grouped else []) + [
+        "arm", "seeds", f"minus {result.baseline} (mean ± 95%)", "seeds lower", "paired t p", "sign-flip p",
+        "Holm p", "paper says", "verdict"]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for row in result.differences:
+        claim = claim_of(row.arm, options)
+        half = (row.high - row.low) / 2 if row.low is not None else math.nan
+        cells = ([row.group] if grouped else []) + [
+            row.arm, str(row.n), f"{row.difference:+.4f} ± {half:.4f}",
+            f"{row.below}/{row.pairs}" if row.paired else "unpaired", _p(row.p_value), _p(row.p_permutation),
+            _p(row.p_holm), claim or "—", verdict(row, claim=claim, effect=effect)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def arms_table(page: str, options: dict) -> list[str]:
+    import numpy as np
+    from scipy import stats
+
+    data = completed(page, options["study"], options.get("families"))
+    by = options["by"].split(",")
+    metrics = options.get("metrics", "val_loss").split(",")
+    columns = {name: data.column(name).to_pylist() for name in ["params", "seed", *metrics]}
+    axes = [json.loads(a) if isinstance(a, str) else a for a in data.column("axes").to_pylist()]
+    arms: dict[str, list[int]] = {}
+    for i, row in enumerate(axes):
+        label = " ".join(str(row[key] if key in row else data.column(key)[i].as_py()) for key in by
+                         if key in row or key in data.column_names)
+        arms.setdefault(label, []).append(i)
+    head = ["arm", "seeds", "params"] + [f"{m} (mean ± 95%)" for m in metrics]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for label in sorted(arms):
+        rows = arms[label]
+        params = sorted({columns["params"][i] for i in rows})
+        cells = [label, str(len(rows)), ", ".join(f"{p:,}" for p in params)]
+        for metric in metrics:
+            values = np.array([columns[metric][i] for i in rows], dtype=float)
+            half = stats.t.ppf(0.975, len(values) - 1) * values.std(ddof=1) / math.sqrt(len(values))
+            cells.append(f"{values.mean():.4f} ± {half:.4f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _p(value: float | None) -> str:
+    return "—" if value is None else (f"{value:.2g}" if value < 0.001 else f"{value:.3f}")
+
+
+KINDS = {"compare": compare_table, "arms": arms_table}
+
+
+def rewrite(page: Path) -> tuple[str, list[str]]:
+    """The page with every generated table written afresh, and the tables that changed."""
+    lines = page.read_text().split("\n")
+    out, changed, i = [], [], 0
+    while i < len(lines):
+        out.append(lines[i])
+        match = OPEN.match(lines[i])
+        i += 1
+        if not match:
+            continue
+        end = lines.index(CLOSE, i)
+        options = dict(part.split("=", 1) for part in match.group(2).split())
+        table = KINDS[match.group(1)](page.stem, options)
+        if lines[i:end] != table:
+            changed.append(f"{page.relative_to(ROOT)}:{i}: {match.group(1)} {options.get('study', '')}")
+        out += table
+        i = end
+    return "\n".join(out), changed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if a page's table differs from its data")
+    args = parser.parse_args(argv)
+    stale = []
+    for page in sorted(FINDINGS.glob("*.md")):
+        text, changed = rewrite(page)
+        stale += changed
+        if changed and not args.check:
+            page.write_text(text)
+    for line in stale:
+        print(("stale: " if args.check else "rewrote: ") + line)
+    return 1 if stale and args.check else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
