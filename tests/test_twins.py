@@ -152,7 +152,7 @@ def test_twins_asked_together_train_once_and_both_rows_get_the_result(tmp_path):
     assert (got[owner.trial_id]["attempts"], got[twin.trial_id]["attempts"]) == (1, 0)
     assert (got[owner.trial_id]["same_as"], got[twin.trial_id]["same_as"]) == (None, owner.trial_id)
     assert curve(db, twin.trial_id) == curve(db, owner.trial_id) == [(2, 2.6), (4, 2.5)]
-    assert d.counts == {"completed": 1, "failed": 0, "diverged": 0, "shared": 1}
+    assert d.counts == {"completed": 1, "failed": 0, "diverged": 0, "shared": 1, "pruned": 0}
     shown = status_text(tmp_path / "s.duckdb")
     assert "1 trial shares another's training" in shown
     assert f"trial {owner.trial_id} gives its result to {twin.trial_id}" in shown
@@ -174,7 +174,7 @@ def test_a_trial_proposed_again_while_it_trains_keeps_its_curve_and_counts_once(
     ended = d._with_twins([(started[0], "result", RESULT, 1.0, None)])
     d._write(ended, [])
     d.writer.flush()
-    assert d.counts == {"completed": 1, "failed": 0, "diverged": 0, "shared": 0}
+    assert d.counts == {"completed": 1, "failed": 0, "diverged": 0, "shared": 0, "pruned": 0}
     got = rows(db)[trial.trial_id]
     assert got["status"] == "completed" and got["same_as"] is None
     assert curve(db, trial.trial_id) == [(2, 2.6), (4, 2.5)]
@@ -206,7 +206,7 @@ def test_a_twin_whose_twin_finished_before_a_crash_is_filled_without_training(tm
     db.mark_running(twin.trial_id)
     db.mark_interrupted()
     counts = scheduler(db, [twin]).run(2)  # task None: anything started would fail here
-    assert counts == {"completed": 0, "failed": 0, "diverged": 0, "shared": 1}
+    assert counts == {"completed": 0, "failed": 0, "diverged": 0, "shared": 1, "pruned": 0}
     got = rows(db)[twin.trial_id]
     assert (got["status"], got["val_loss"], got["same_as"]) == ("completed", 2.5, owner.trial_id)
     assert curve(db, twin.trial_id) == curve(db, owner.trial_id)
