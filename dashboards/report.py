@@ -30,6 +30,7 @@ from archsearch_dashboards.training import training_figure
 
 from archsearch.analysis import completed_trials, pareto_front
 from archsearch.store import Store
+from archsearch.store.values import thinned_query
 
 DEFAULT_OBJECTIVES = [("val_loss", "min"), ("params", "min")]
 # Learning curves drawn at most (one trace each); beyond it the best of each arm come first.
@@ -83,12 +84,8 @@ def curve_metrics(store: Store, trial_ids: list[str], points: int = MAX_CURVE_PO
     per trial (first and last kept), so a study of millions of points loads quickly."""
     if not trial_ids:
         return []
-    return store.sql(
-        "SELECT trial_id, step, tokens, val_loss FROM (SELECT trial_id, step, tokens, val_loss, "
-        "row_number() OVER w AS i, count(*) OVER (PARTITION BY trial_id) AS n FROM metrics "
-        "WHERE trial_id IN (SELECT unnest(?::VARCHAR[])) WINDOW w AS (PARTITION BY trial_id ORDER BY step)) "
-        "WHERE n <= ? OR i = 1 OR i = n OR (i - 1) % ceil(n / ?)::BIGINT = 0 ORDER BY trial_id, step",
-        [trial_ids, points, points]).to_pylist()
+    return store.sql(thinned_query("metrics", ["trial_id", "step", "tokens", "val_loss"]),
+                     [trial_ids, points, points]).to_pylist()
 
 
 def views(rows: list[dict], metrics: list[dict], train: list[dict] = ()) -> dict[str, go.Figure]:

@@ -41,7 +41,7 @@ class TrialProgress:
         self.heartbeat_s = heartbeat_s
         self.clock = clock
         self.started_at = self.last_line = clock()
-        self.done = self.running_count = self.failed = 0
+        self.done = 0  # trials ended: completed, shared or failed
         self.widest = 1  # the most trials seen running at once
         self.live: dict[str, dict | None] = {}  # running trial -> its latest report (None before the first)
         self.rows: dict[str, TaskID] = {}
@@ -83,7 +83,7 @@ class TrialProgress:
 
     def update(self, *, completed: int, running: int, failed: int) -> None:
         """The counts now; off a terminal, a heartbeat line when one is due."""
-        self.done, self.running_count, self.failed = completed + failed, running, failed
+        self.done = completed + failed
         eta = self.eta_s()
         self.progress.update(self.task, completed=self.done, count=f"{self.done}/{self.total}",
                              info=f"running {running}  failed {failed}", eta=_eta_text(eta))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import duckdb
 
-from archsearch.store.values import _finite, _now, insert_rows
+from archsearch.store.values import _finite, _now, insert_rows, thinned_query
 
 # The schema that first had these tables.
 LIVE_SINCE = 4
@@ -76,9 +76,5 @@ class LiveTables:
         if points is None:
             return self.sql("SELECT * FROM train_points WHERE trial_id IN (SELECT unnest(?::VARCHAR[])) "
                             "ORDER BY trial_id, step", [trial_ids]).to_pylist()
-        return self.sql(
-            "SELECT trial_id, step, tokens, train_loss, lr, tokens_per_s FROM (SELECT *, row_number() OVER w AS i, "
-            "count(*) OVER (PARTITION BY trial_id) AS n FROM train_points "
-            "WHERE trial_id IN (SELECT unnest(?::VARCHAR[])) WINDOW w AS (PARTITION BY trial_id ORDER BY step)) "
-            "WHERE n <= ? OR i = 1 OR i = n OR (i - 1) % ceil(n / ?)::BIGINT = 0 ORDER BY trial_id, step",
-            [trial_ids, points, points]).to_pylist()
+        columns = ["trial_id", "step", "tokens", "train_loss", "lr", "tokens_per_s"]
+        return self.sql(thinned_query("train_points", columns), [trial_ids, points, points]).to_pylist()

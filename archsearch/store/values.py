@@ -55,3 +55,14 @@ def insert_rows(con, head: str, columns: list[str], rows: list[list], *, key: in
         con.execute(f"{head} ({listed}) SELECT {listed} FROM {name} {tail}")
     finally:
         con.unregister(name)
+
+
+def thinned_query(table: str, columns: list[str]) -> str:
+    """SQL for ``columns`` of ``table``'s rows of the trials in a list (parameter 1), about a
+    number of them per trial (parameters 2 and 3, the same number), evenly spaced by step with
+    each trial's first and last kept: curves of millions of points load as a few hundred."""
+    listed = ", ".join(columns)
+    return (f"SELECT {listed} FROM (SELECT {listed}, row_number() OVER w AS i, "
+            f"count(*) OVER (PARTITION BY trial_id) AS n FROM {table} "
+            "WHERE trial_id IN (SELECT unnest(?::VARCHAR[])) WINDOW w AS (PARTITION BY trial_id ORDER BY step)) "
+            "WHERE n <= ? OR i = 1 OR i = n OR (i - 1) % ceil(n / ?)::BIGINT = 0 ORDER BY trial_id, step")
