@@ -16,7 +16,7 @@ import yaml
 from archsearch.data import make_source, seq_len_of, task_source, vocab_size_of
 from archsearch.data import text as text_module
 from archsearch.data import vocab_size_of as vocab_size
-from archsearch.data.documents import file_documents, is_validation
+from archsearch.data.documents import file_documents, is_validation, text_files
 from archsearch.data.synthetic import TASKS
 from archsearch.data.tokenize import BpeTokenizer
 from archsearch.errors import SpecError
@@ -55,7 +55,7 @@ def split_text(source) -> tuple[str, str]:
 @pytest.mark.parametrize("fmt", ["txt", "jsonl", "parquet"])
 def test_every_format_reads_every_document_into_exactly_one_split(tmp_path, fmt):
     path = write(tmp_path / "corpus", fmt)
-    names = [doc.name for doc in file_documents([path] if path.is_file() else sorted(path.iterdir()))]
+    names = [doc.name for doc in file_documents(text_files([str(path)]))]
     assert len(names) == len(set(names)) == len(DOCS)
     train, val = split_text(make_source(text_data(paths=[str(path)], val_fraction=0.25)))
     for doc in DOCS:

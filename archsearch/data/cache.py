@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 SPLITS = ("train", "val")
 
 

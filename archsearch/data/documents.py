@@ -2,8 +2,11 @@
 
 A document is a name and its text. Its name decides its split (a hash, so the
 split is stable and never leaks a document across); for a plain text file the
-name is its path, for a row of a jsonl or parquet file the file and row (or the
-row's ``id_field``), for a hub corpus the dataset and row (or ``id_field``).
+name is its path under the folder named in ``data.paths`` (or, for a file named
+itself, its file name), so a corpus copied, moved or reached through a symlink
+splits the same; for a row of a jsonl or parquet file that file name and the
+row (or the row's ``id_field``), for a hub corpus the dataset and row (or
+``id_field``).
 
 Formats by suffix: ``.jsonl`` / ``.ndjson`` (one JSON object a line),
 ``.parquet``; every other file is one document of text, and binary files
@@ -36,30 +39,42 @@ class Document:
     text: str
 
 
-def stdlib_files() -> list[Path]:
+@dataclass(frozen=True)
+class SourceFile:
+    """A file of a corpus: where it is, and the name its documents go by (where it sits in the corpus)."""
+
+    path: Path
+    name: str
+
+
+def stdlib_files() -> list[SourceFile]:
     """The standard library's .py files, sorted; installed packages excluded."""
     root = Path(sysconfig.get_paths()["stdlib"])
-    return sorted(p for p in root.rglob("*.py")
-                  if "site-packages" not in p.parts and "dist-packages" not in p.parts)
+    return _under(root, "*.py", lambda rel: "site-packages" not in rel.parts and "dist-packages" not in rel.parts)
 
 
-def text_files(paths: list[str]) -> list[Path]:
+def text_files(paths: list[str]) -> list[SourceFile]:
     """The files named, and every non-hidden file under the folders named."""
-    out: list[Path] = []
+    out: list[SourceFile] = []
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            out.extend(sorted(p for p in path.rglob("*")
-                              if p.is_file() and not any(part.startswith(".") for part in p.parts)))
+            out.extend(_under(path, "*", lambda rel: not any(part.startswith(".") for part in rel.parts)))
         elif path.is_file():
-            out.append(path)
+            out.append(SourceFile(path, path.name))
         else:
             raise SpecError(f"text path {kind_problem(path) or 'is not a regular file'}", path=raw,
                             field="data.paths", hint="name text files, or folders of them")
     return out
 
 
-def file_documents(files: Iterable[Path], *, text_field: str = "text", id_field: str | None = None,
+def _under(root: Path, pattern: str, keep) -> list[SourceFile]:
+    """The regular files under ``root`` matching ``pattern`` that ``keep(relative path)`` accepts, sorted."""
+    found = sorted((p.relative_to(root), p) for p in root.rglob(pattern))
+    return [SourceFile(path, rel.as_posix()) for rel, path in found if keep(rel) and path.is_file()]
+
+
+def file_documents(files: Iterable[SourceFile], *, text_field: str = "text", id_field: str | None = None,
                    max_bytes: int | None = None) -> Iterator[Document]:
     """Every document of ``files`` in order: one per text file, one per jsonl line or parquet row.
 
@@ -67,12 +82,13 @@ def file_documents(files: Iterable[Path], *, text_field: str = "text", id_field:
     file is opened only when the reader asks for its documents, so a reader
     that stops at ``max_bytes`` never touches the rest.
     """
-    for path in files:
+    for file in files:
+        path = file.path
         suffix = path.suffix.lower()
         if suffix in JSONL_SUFFIXES:
-            yield from _jsonl_documents(path, text_field, id_field, max_bytes)
+            yield from _jsonl_documents(file, text_field, id_field, max_bytes)
         elif suffix in PARQUET_SUFFIXES:
-            yield from _parquet_documents(path, text_field, id_field)
+            yield from _parquet_documents(file, text_field, id_field)
         else:
             try:
                 data = read_head(path, -1 if max_bytes is None else max_bytes)
@@ -80,7 +96,7 @@ def file_documents(files: Iterable[Path], *, text_field: str = "text", id_field:
                 raise SpecError(f"text file {err}", path=str(path), field="data.paths",
                                 hint="name regular text files") from None
             if b"\x00" not in data:  # binary files are not text
-                yield Document(str(path), data.decode("utf-8", "surrogateescape"))
+                yield Document(file.name, data.decode("utf-8", "surrogateescape"))
 
 
 def hub_documents(*, name: str, config: str | None = None, split: str = "train",
@@ -133,8 +149,9 @@ def split_documents(documents: Iterable[Document], *, val_fraction: float,
     return splits
 
 
-def _jsonl_documents(path: Path, text_field: str, id_field: str | None,
+def _jsonl_documents(file: SourceFile, text_field: str, id_field: str | None,
                      max_bytes: int | None) -> Iterator[Document]:
+    path = file.path
     limit = -1 if max_bytes is None else max_bytes + 1
     with path.open(encoding="utf-8", errors="surrogateescape") as lines:
         # readline with a limit: one endless line costs max_bytes, not the file
@@ -152,12 +169,13 @@ def _jsonl_documents(path: Path, text_field: str, id_field: str | None,
             if not isinstance(row, dict) or text_field not in row:
                 raise SpecError(f"no field '{text_field}'", path=str(path), line=number, field="data.text_field",
                                 hint="name the field that holds the text")
-            yield Document(_row_name(str(path), number, row, id_field), row[text_field])
+            yield Document(_row_name(file.name, number, row, id_field), row[text_field])
 
 
-def _parquet_documents(path: Path, text_field: str, id_field: str | None) -> Iterator[Document]:
+def _parquet_documents(file: SourceFile, text_field: str, id_field: str | None) -> Iterator[Document]:
     import pyarrow.parquet as pq
 
+    path = file.path
     table = pq.ParquetFile(path)
     names = table.schema_arrow.names
     if text_field not in names:
@@ -167,7 +185,7 @@ def _parquet_documents(path: Path, text_field: str, id_field: str | None) -> Ite
     index = 0
     for batch in table.iter_batches(columns=columns, batch_size=1024):
         for row in batch.to_pylist():
-            yield Document(_row_name(str(path), index, row, id_field), row[text_field] or "")
+            yield Document(_row_name(file.name, index, row, id_field), row[text_field] or "")
             index += 1
 
 
@@ -180,5 +198,5 @@ def _row_name(where: str, index: int, row: dict, id_field: str | None) -> str:
     return str(row[id_field])
 
 
-__all__ = ["Document", "file_documents", "hub_documents", "is_validation", "split_documents", "stdlib_files",
+__all__ = ["Document", "SourceFile", "file_documents", "hub_documents", "is_validation", "split_documents", "stdlib_files",
            "text_files"]

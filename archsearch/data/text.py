@@ -156,7 +156,8 @@ def corpus_identity(data: dict) -> dict:
         identity["stdlib"] = (sysconfig.get_paths()["stdlib"], sys.version)
     else:
         files = text_files(data["paths"])
-        identity["files"] = [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+        identity["files"] = [(str(f.path.resolve()), f.name, f.path.stat().st_size, f.path.stat().st_mtime_ns)
+                             for f in files]
     return identity
 
 
