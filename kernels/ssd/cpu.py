@@ -13,9 +13,10 @@ spread over torch's threads (at::parallel_for) and the loop over N is vectorised
     a_t = exp(dt_t A);   S_t = a_t S_{t-1} + (dt_t x_t) B_t^T;   y_t = S_t C_t
 
 Backward, per (batch, head): the forward is rerun, keeping the state at the start of every
-`SPAN` steps (T / SPAN states), then each span backward from the last: its SPAN states are
-recomputed from its start into a scratch (SPAN x P x N floats, 256 KiB at 64 x 64, in L2), and
-walked backward carrying dS:
+`SPAN` steps (T / SPAN states), then each span backward from the last: the states before each of
+its steps are recomputed from its start into a scratch (SPAN x P x N floats, 256 KiB at 64 x 64,
+in L2), and walked backward carrying dS; the state after a step is formed again from the one
+before it as the walk needs it, which costs a multiply-add and saves keeping and reading it:
 
     g = dS + dy_t C_t^T;   dC_t += S_t^T dy_t;   du_t = g B_t;   dB_t += g^T u_t   (u_t = dt_t x_t)
     dx_t = dt_t du_t;   d dt_t = <du_t, x_t> + <g, S_{t-1}> a_t A;   dA += <g, S_{t-1}> a_t dt_t
@@ -69,10 +70,9 @@ Ssd sizes(const at::Tensor& x, const at::Tensor& dt, const at::Tensor& A, const 
   return s;
 }
 
-// S = a S + u B^T for the steps [t0, t1) of one (batch, head); with keep, every state after a step
-// goes to keep[(t - t0) * P * N]
+// S = a S + u B^T for the steps [t0, t1) of one (batch, head)
 void advance(const Ssd& s, float* S, const float* x_p, const float* dt_p, float A, const float* B_p,
-             int64_t b, int64_t h, int64_t t0, int64_t t1, float* keep) {
+             int64_t b, int64_t h, int64_t t0, int64_t t1) {
   const int64_t N = s.N, P = s.P;
   for (int64_t t = t0; t < t1; ++t) {
     const float dt = dt_p[s.dt_at(b, t, h)], a = std::exp(dt * A);
@@ -83,7 +83,6 @@ void advance(const Ssd& s, float* S, const float* x_p, const float* dt_p, float 
 #pragma omp simd
       for (int64_t n = 0; n < N; ++n) row[n] = a * row[n] + u * B_t[n];
     }
-    if (keep) std::memcpy(keep + (t - t0) * P * N, S, P * N * sizeof(float));
   }
 }
 
@@ -142,8 +141,8 @@ std::vector<at::Tensor> ssd_backward(at::Tensor x, at::Tensor dt, at::Tensor A, 
   float *dx_p = dx.data_ptr<float>(), *ddt_p = ddt.data_ptr<float>(), *dS0_p = dS0.data_ptr<float>();
   float *dA_p = dA_part.data_ptr<float>(), *dB_p = dB.data_ptr<float>(), *dC_p = dC.data_ptr<float>();
   at::parallel_for(0, s.batch * s.heads, 1, [&](int64_t begin, int64_t end) {
-    // starts[j]: the state before span j; states[k]: the state after step k of the span in hand
-    std::vector<float> starts(spans * PN), states((span + 1) * PN), carry(PN), work(PN);
+    // starts[j]: the state before span j; states[k]: the state before step k of the span in hand
+    std::vector<float> starts(spans * PN), states(span * PN), carry(PN);
     float *dS = carry.data();
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / s.heads, h = bh % s.heads;
@@ -151,22 +150,31 @@ std::vector<at::Tensor> ssd_backward(at::Tensor x, at::Tensor dt, at::Tensor A, 
       std::memcpy(starts.data(), S0_p + bh * PN, PN * sizeof(float));
       for (int64_t j = 1; j < spans; ++j) {
         std::memcpy(starts.data() + j * PN, starts.data() + (j - 1) * PN, PN * sizeof(float));
-        advance(s, starts.data() + j * PN, x_p, dt_p, A_h, B_p, b, h, (j - 1) * span, j * span, nullptr);
+        advance(s, starts.data() + j * PN, x_p, dt_p, A_h, B_p, b, h, (j - 1) * span, j * span);
       }
       std::memcpy(dS, dlast_p + bh * PN, PN * sizeof(float));
       float dA = 0.0f;
       for (int64_t j = spans - 1; j >= 0; --j) {
         const int64_t t0 = j * span, t1 = std::min(s.steps, t0 + span);
-        // run[0]: the state before the span; run[k + 1]: the state after its step k
+        // run[k]: the state before step t0 + k, recomputed from the span's start; the walk back
+        // forms the state after a step from the one before it, so only those are kept
         float* run = states.data();
         std::memcpy(run, starts.data() + j * PN, PN * sizeof(float));
-        std::memcpy(work.data(), run, PN * sizeof(float));
-        advance(s, work.data(), x_p, dt_p, A_h, B_p, b, h, t0, t1, run + PN);
+        for (int64_t t = t0; t + 1 < t1; ++t) {
+          const float dt_t = dt_p[s.dt_at(b, t, h)], a = std::exp(dt_t * A_h);
+          const float *x_t = x_p + s.x_at(b, t, h), *B_t = B_p + s.bc_at(b, t, h), *from = run + (t - t0) * PN;
+          float* to = run + (t - t0 + 1) * PN;
+          for (int64_t p = 0; p < P; ++p) {
+            const float u = dt_t * x_t[p];
+#pragma omp simd
+            for (int64_t n = 0; n < N; ++n) to[p * N + n] = a * from[p * N + n] + u * B_t[n];
+          }
+        }
         for (int64_t t = t1 - 1; t >= t0; --t) {
           const float dt_t = dt_p[s.dt_at(b, t, h)], a = std::exp(dt_t * A_h);
           const float *x_t = x_p + s.x_at(b, t, h), *dy_t = dy_p + s.x_at(b, t, h);
           const float *B_t = B_p + s.bc_at(b, t, h), *C_t = C_p + s.bc_at(b, t, h);
-          const float *S_t = run + (t - t0 + 1) * PN, *S_prev = run + (t - t0) * PN;
+          const float* S_prev = run + (t - t0) * PN;
           float *dB_t = dB_p + s.head_at(b, t, h), *dC_t = dC_p + s.head_at(b, t, h);
           float* dx_t = dx_p + s.x_at(b, t, h);
           std::memset(dB_t, 0, N * sizeof(float));
@@ -175,16 +183,16 @@ std::vector<at::Tensor> ssd_backward(at::Tensor x, at::Tensor dt, at::Tensor A, 
           for (int64_t p = 0; p < P; ++p) {
             const float gy = dy_t[p], u = dt_t * x_t[p];
             float* g_row = dS + p * N;
-            const float *S_row = S_t + p * N, *prev_row = S_prev + p * N;
+            const float* prev_row = S_prev + p * N;
             float du = 0.0f, dec = 0.0f;
 #pragma omp simd reduction(+ : du, dec)
             for (int64_t n = 0; n < N; ++n) {
-              const float g = g_row[n] + gy * C_t[n];  // dL/dS_t
-              dC_t[n] += gy * S_row[n];
+              const float prev = prev_row[n], g = g_row[n] + gy * C_t[n];  // dL/dS_t
+              dC_t[n] += gy * (a * prev + u * B_t[n]);                      // S_t, formed again
               du += g * B_t[n];
               dB_t[n] += g * u;
-              dec += g * prev_row[n];
-              g_row[n] = a * g;                         // dL/dS_{t-1} through S_t
+              dec += g * prev;
+              g_row[n] = a * g;                                             // dL/dS_{t-1} through S_t
             }
             dx_t[p] = dt_t * du;
             through_u += du * x_t[p];
