@@ -1,6 +1,6 @@
 """Does search pay? Grid, random, TPE and ASHA over each, on the same curves.
 
-    python benchmarks/bench_search.py --work DIR [--orders 10] [--real]
+    python benchmarks/bench_search.py --work DIR [--orders 10] [--real PAIRS] [--ladder]
 
 1. Trains a 24-point grid (Transformer++ and Gated DeltaNet x 2, 3, 4, 6 layers x uniform,
    cosine and reverse tapers, iso-parameter, WSD schedule, evaluated every 15 steps) through
@@ -15,8 +15,9 @@
    trial trained to the end reaches the grid's best, within 1% and within 2% of it; then for
    two objectives (val_loss, flops_per_token) the share of the grid front's hypervolume that
    the trials trained to the end reach at a share of the grid's tokens.
-3. ``--real``: ASHA over TPE through ``archsearch run`` (DIR/asha_tpe.duckdb), so relaunches and
-   checkpoints count: its wall time and best against the grid's.
+3. ``--real PAIRS``: the grid and ASHA over TPE through ``archsearch run``, PAIRS times each in
+   ABBA order, each into a fresh store, so relaunches and checkpoints count: wall times, jobs,
+   tokens and best, with the load average at each start.
 4. ``--ladder``: the fidelity ladder on the same points (an MQAR probe, ``keep: 1`` so every point
    has both) through ``archsearch run`` on a copy of the grid's store (its text trials are done):
    Spearman's rho between the probe's ranking and the text's, with its 95% interval.
@@ -177,7 +178,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work", type=Path, required=True, help="folder for the grid's store (reused) and runs")
     parser.add_argument("--orders", type=int, default=10, help="seeds (samplers) or shuffled orders (grid) per search")
-    parser.add_argument("--real", action="store_true", help="also run ASHA over TPE through `archsearch run`")
+    parser.add_argument("--real", type=int, default=0, metavar="PAIRS",
+                        help="also time PAIRS runs each of the grid and ASHA over TPE through `archsearch run`")
     parser.add_argument("--ladder", action="store_true", help="also measure the MQAR probe ladder's rank correlation")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
@@ -210,7 +212,7 @@ def main() -> None:
             print(f"| {name} | " + " | ".join(spread(column) for column in rows) + " |", flush=True)
         two_objectives(args, folder, curves, grid_trials, final, grid_steps)
     if args.real:
-        real_run(args.work, facts, final)
+        real_run(args.work, final, pairs=args.real)
     if args.ladder:
         ladder(args.work)
 
@@ -241,24 +243,40 @@ def two_objectives(args, folder, curves, grid_trials, final, grid_steps) -> None
         print(f"| {name} | " + " | ".join(cells) + f" | {spread(columns[-1])} |", flush=True)
 
 
-def real_run(work: Path, facts: dict, final: dict) -> None:
-    """ASHA over TPE through ``archsearch run``: wall time, tokens and best against the grid's."""
+def real_run(work: Path, final: dict, *, pairs: int) -> None:
+    """ASHA over TPE and the grid through ``archsearch run``, in ABBA order (grid, ASHA, ASHA, grid,
+    ...), each into a fresh store, so a load that drifts over the runs weighs on both alike: wall
+    times, tokens and best, and the load average each run started at."""
+    import os
+
     import archsearch as A
 
-    path, store = work / "asha_tpe.yaml", work / "asha_tpe.duckdb"
-    path.write_text(study_text("bench_search_asha_tpe", "tpe", "asha"))
-    wall = archsearch_run(path, store)
-    with A.open_store(store, read_only=True) as db:
-        trials = db.trials("bench_search_asha_tpe").to_pylist()
-    done = [t for t in trials if t["status"] == "completed"]
-    tokens = sum(t["tokens"] or 0 for t in trials)
+    runs = {"grid": ("grid", None), "ASHA over TPE": ("tpe", "asha")}
+    order = [name for k in range(pairs) for name in (("grid", "ASHA over TPE") if k % 2 == 0
+                                                      else ("ASHA over TPE", "grid"))]
     grid_tokens = STEPS * 8 * 64 * len(final)
-    found = min(t["val_loss"] for t in done)
-    print(f"\nreal run, ASHA over TPE (24 proposals, {RUNGS} rungs, eta {ETA}) through `archsearch run`: wall "
-          f"{wall:.0f} s against the grid's {facts['wall_s']:.0f} s ({wall / facts['wall_s']:.0%}); "
-          f"{len(trials)} trials, {len(done)} trained to the end, {tokens / grid_tokens:.1%} of the grid's tokens; "
-          f"best val_loss {found:.4f} against the grid's {min(final.values()):.4f} "
-          f"({found / min(final.values()) - 1:+.2%})")
+    walls: dict[str, list[float]] = {name: [] for name in runs}
+    print("\nreal runs through `archsearch run` (24 proposals, two trials at a time), ABBA order\n")
+    print("| run | load average at start | wall s | jobs | tokens (share of the grid's) | best val_loss |\n"
+          "| --- | ---: | ---: | ---: | ---: | ---: |")
+    for k, name in enumerate(order):
+        slug = f"real_{k}_{runs[name][0]}"
+        path, store = work / f"{slug}.yaml", work / f"{slug}.duckdb"
+        for old in work.glob(f"{slug}.duckdb*"):
+            old.unlink()
+        path.write_text(study_text(f"bench_search_{slug}", *runs[name]))
+        load = os.getloadavg()[0]
+        wall = archsearch_run(path, store)
+        walls[name].append(wall)
+        with A.open_store(store, read_only=True) as db:
+            trials = db.trials(f"bench_search_{slug}").to_pylist()
+            jobs = sum(len(r) for r in db.rung_rows().values()) if runs[name][1] else len(trials)
+        tokens = sum(t["tokens"] or 0 for t in trials)
+        found = min(t["val_loss"] for t in trials if t["status"] == "completed")
+        print(f"| {name} | {load:.1f} | {wall:.0f} | {jobs} | {tokens:,} ({tokens / grid_tokens:.1%}) | "
+              f"{found:.4f} |", flush=True)
+    ratio = statistics.median(walls["ASHA over TPE"]) / statistics.median(walls["grid"])
+    print(f"\nASHA over TPE's wall time, median over {pairs} run(s), against the grid's: {ratio:.0%}")
 
 
 def ladder(work: Path) -> None:
