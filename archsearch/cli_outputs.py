@@ -32,7 +32,8 @@ def report(output: Annotated[Optional[Path], typer.Option(
     """A self-contained interactive HTML report, or its figures as PNG files."""
     from archsearch_dashboards.report import write_pngs, write_report
 
-    from archsearch.terminal import REPORT_WORK, doing
+    from archsearch.terminal import doing
+    from archsearch.terminal_store import REPORT_WORK
 
     with reading(store, study) as db:
         if png is not None:

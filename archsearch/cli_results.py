@@ -58,7 +58,8 @@ def pareto(objectives: Annotated[str, typer.Option(help="columns with directions
     if as_json:
         typer.echo(strict_json(front.to_dict(), indent=2))
         return
-    from archsearch.terminal import front_table, lines
+    from archsearch.terminal import lines
+    from archsearch.terminal_results import front_table
 
     names = [c for c, _ in goals]
     if front.rows and "trial_id" not in front.rows[0]:  # CSV rows by number, extrapolated rows by group
@@ -117,7 +118,7 @@ def fit(store: StoreOpt = DEFAULT_STORE, study: StudyOpt = None, from_csv: CsvOp
     if as_json:
         typer.echo(strict_json(out, indent=2))
         return
-    from archsearch.terminal import fit_tables
+    from archsearch.terminal_results import fit_tables
 
     fit_tables(out)
 
@@ -154,7 +155,7 @@ def compare(baseline: Annotated[str, typer.Option(help="the arm every other is c
     if as_json:
         typer.echo(strict_json(result.to_dict(), indent=2))
         return
-    from archsearch.terminal import compare_table
+    from archsearch.terminal_results import compare_table
 
     compare_table(result)
 

@@ -98,7 +98,7 @@ def _run(study_path: Path, *, store: Path, address, max_parallel, report, progre
     except StoreFullError as err:
         # what reached the store before the disk filled is kept (the failed transaction rolled back)
         _fail(f"{err}: {shlex.join(again)}", 2)
-    from archsearch.terminal import run_summary
+    from archsearch.terminal_store import run_summary
 
     report = report or _default_report(study.name)
     with _writing(report, "the report"):
@@ -146,7 +146,7 @@ def status(store: StoreOpt = DEFAULT_STORE, study: StudyOpt = None, as_json: Jso
                                                                   "(needs --address)")] = None,
            address: JobAddressOpt = None):
     """Studies and trials in a store (or, with --job, a submitted job)."""
-    from archsearch.terminal import status_tables
+    from archsearch.terminal_store import status_tables
 
     if job is not None:
         _job_status(job, address, as_json=as_json)

@@ -43,7 +43,7 @@ def plan(study: StudyArg, as_json: JsonOpt = False, wide: WideOpt = False,
             out = preview.to_dict() if search.sampler != "grid" else [t.to_dict() for t in preview.sample]
             typer.echo(strict_json(out, indent=2))
             return
-        from archsearch.terminal import search_plan
+        from archsearch.terminal_plan import search_plan
 
         search_plan(preview, layers=layers, wide=wide)
         return
@@ -51,7 +51,8 @@ def plan(study: StudyArg, as_json: JsonOpt = False, wide: WideOpt = False,
     if as_json:
         typer.echo(strict_json([t.to_dict() for t in trials], indent=2))
         return
-    from archsearch.terminal import lines, plan_table
+    from archsearch.terminal import lines
+    from archsearch.terminal_plan import plan_table
 
     plan_table(trials, layers=layers, wide=wide)
     lines(_wall_time_line(trials, loaded, store))
@@ -119,7 +120,7 @@ def bench(study: StudyArg,
     if as_json:
         typer.echo(strict_json(result, indent=2))
         return
-    from archsearch.terminal import bench_table
+    from archsearch.terminal_plan import bench_table
 
     bench_table(loaded.name, result)
 
