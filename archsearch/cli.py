@@ -26,7 +26,7 @@ app = typer.Typer(help="Declarative architecture search and scaling studies for 
 
 def _version(value: bool) -> None:
     if value:
-        from archsearch.store.duck import code_version
+        from archsearch.store.values import code_version
 
         typer.echo(f"archsearch {code_version()}")
         raise typer.Exit()
