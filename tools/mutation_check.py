@@ -99,11 +99,11 @@ MUTANTS = [
     # fit
     Mutant("fit", "archsearch/analysis/fit.py", "slope = np.clip(residual, -self.delta, self.delta)",
            "slope = np.clip(residual, -2 * self.delta, 2 * self.delta)", FIT, "the Huber objective's delta"),
-    Mutant("fit", "archsearch/analysis/fit.py", "for q in ((1 - level) / 2, (1 + level) / 2):",
+    Mutant("fit", "archsearch/analysis/laws.py", "for q in ((1 - level) / 2, (1 + level) / 2):",
            "for q in ((1 - level), (1 + level) / 2):", FIT, "the interval's lower quantile"),
-    Mutant("fit", "archsearch/analysis/fit.py", "gap = np.exp(log_target) - np.exp(e)",
+    Mutant("fit", "archsearch/analysis/laws.py", "gap = np.exp(log_target) - np.exp(e)",
            "gap = np.exp(log_target) + np.exp(e)", FIT, "the multiplier's loss gap above the floor"),
-    Mutant("fit", "archsearch/analysis/fit.py", "return float(np.exp(exponent) / compute) if exponent <= LOG_MAX",
+    Mutant("fit", "archsearch/analysis/laws.py", "return float(np.exp(exponent) / compute) if exponent <= LOG_MAX",
            "return float(np.exp(exponent) * compute) if exponent <= LOG_MAX", FIT,
            "the compute multiplier's ratio inverted"),
     # compare
