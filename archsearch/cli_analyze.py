@@ -27,7 +27,7 @@ def _analysis(run, title: str, columns: list[str], as_json: bool, fold: str | No
     if as_json:
         typer.echo(strict_json(rows, indent=2))
         return
-    from archsearch.terminal import profile_table
+    from archsearch.terminal_results import profile_table
 
     profile_table(title, rows, columns, fold)
 

@@ -23,7 +23,19 @@ ProgressOpt = Annotated[bool, typer.Option(help="show the progress bar (on a ter
 SetOpt = Annotated[Optional[list[str]], typer.Option(
     "--set", help="KEY=VALUE override of the study, validated like the file (repeatable), "
                   "e.g. --set recipe.steps=50 --set data.paths=[wiki.train.txt]")]
+IgnoreMemoryOpt = Annotated[bool, typer.Option(
+    "--ignore-memory", help="plan trials whose estimated peak memory exceeds execution.memory or this machine's")]
 DEFAULT_STORE = Path("archsearch.duckdb")
+
+
+def _memory_override(overrides: list[str] | None, ignore_memory: bool) -> list[str]:
+    """``--ignore-memory`` is ``--set execution.memory_check=false`` (so a resume command repeats it)."""
+    return [*(overrides or []), *(["execution.memory_check=false"] if ignore_memory else [])]
+
+
+def _default_report(study: str | None) -> Path:
+    """``reports/STUDY.html`` for ``run`` and ``report`` alike (``reports/all.html`` for several studies)."""
+    return Path("reports") / f"{study or 'all'}.html"
 
 
 def _fail(message: str, code: int) -> None:

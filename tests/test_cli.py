@@ -199,7 +199,7 @@ def test_pareto_report_and_export_read_the_run(ran, tmp_path):
     result = invoke("export", "--store", store, "--parquet", tmp_path / "pq")
     assert result.exit_code == 0, result.output
     assert pq.read_table(tmp_path / "pq" / "trials.parquet").num_rows == 3
-    from archsearch.store.duck import TABLES
+    from archsearch.store.schema import TABLES
 
     assert len(result.output.split()) == len(TABLES)  # one line per table written
 

@@ -212,7 +212,7 @@ def test_fit_says_which_fit_it_is_on_for_a_large_table(tmp_path, monkeypatch):
     takes minutes); tables below ``FIT_PROGRESS_ROWS`` stay quiet, so their output is only the result."""
     from typer.testing import CliRunner
 
-    from archsearch import cli
+    from archsearch import cli, cli_results
 
     variables, loss, _ = synthetic("ND", noise=0.01, n=30)
     rows = ["arm,params,tokens,loss", *(f"{arm},{n},{d},{l}" for arm in ("a", "b")
@@ -223,7 +223,7 @@ def test_fit_says_which_fit_it_is_on_for_a_large_table(tmp_path, monkeypatch):
             "--loss-col", "loss", "--law", "N,ND", "--bootstrap", "10"]
     quiet = CliRunner().invoke(cli.app, args)
     assert quiet.exit_code == 0 and "fitting" not in quiet.output
-    monkeypatch.setattr(cli, "FIT_PROGRESS_ROWS", 1)
+    monkeypatch.setattr(cli_results, "FIT_PROGRESS_ROWS", 1)
     told = CliRunner().invoke(cli.app, args)
     assert told.exit_code == 0, told.output
     for line in ("fitting L(N) to a (1 of 4): 30 points, 10 resamples",

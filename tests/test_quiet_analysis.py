@@ -14,6 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from archsearch.analysis import fit as F
+from archsearch.analysis import laws
 from archsearch.cli import app
 from tests.analysis_support import write_store
 
@@ -37,7 +38,7 @@ def runaway_fit():
     for seed in range(1, 40):
         tokens, loss = tokens_and_loss(seed)
         fit = F.fit_law({"N": N, "D": tokens}, loss, "ND", bootstrap=40, seed=0, grid=False, solver="lbfgs")
-        if fit.draws[:, 1:3].max() > F.LOG_MAX:  # the case: exp of it overflows
+        if fit.draws[:, 1:3].max() > laws.LOG_MAX:  # the case: exp of it overflows
             return fit
     raise AssertionError("no data set gave a runaway bootstrap draw")
 
@@ -45,7 +46,7 @@ def runaway_fit():
 def test_a_runaway_bootstrap_draw_reads_as_unbounded_without_a_warning():
     fit = runaway_fit()
     out = fit.to_dict()["estimates"]
-    runaway = [name for name, column in (("A", 1), ("B", 2)) if fit.draws[:, column].max() > F.LOG_MAX]
+    runaway = [name for name, column in (("A", 1), ("B", 2)) if fit.draws[:, column].max() > laws.LOG_MAX]
     for name, parts in out.items():  # every estimate a number; every interval end a number or unbounded
         assert parts["value"] is not None and np.isfinite(parts["value"]), name
         assert all(end is None or np.isfinite(end) for end in (parts["low"], parts["high"])), name
@@ -55,22 +56,22 @@ def test_a_runaway_bootstrap_draw_reads_as_unbounded_without_a_warning():
 
 
 def test_exp_is_exp_below_the_cap_and_the_largest_float_above_it():
-    x = np.array([-800.0, 0.0, 1.5, 709.0, F.LOG_MAX, 710.0, 1e6, np.inf])
+    x = np.array([-800.0, 0.0, 1.5, 709.0, laws.LOG_MAX, 710.0, 1e6, np.inf])
     with np.errstate(over="ignore"):
         expected = np.nan_to_num(np.exp(x), posinf=np.finfo(float).max)  # what _interval made of inf
-    assert np.array_equal(F._exp(x), expected)
-    assert np.isnan(F._exp(np.nan))
+    assert np.array_equal(laws._exp(x), expected)
+    assert np.isnan(laws._exp(np.nan))
 
 
 def test_a_multiplier_past_every_float_is_unbounded_without_a_warning():
     c = np.geomspace(1e15, 1e19, 5)
     base = F.fit_law({"C": c}, 1.7 + 30 * c**-0.1, "C", bootstrap=4)
     other = F.fit_law({"C": c}, 1.6 + 40 * c**-0.12, "C", bootstrap=4)
-    finite = F.compute_multiplier(base, other, 1e21)["multiplier"]
+    finite = laws.compute_multiplier(base, other, 1e21)["multiplier"]
     # A draw with a tiny exponent: the compute it needs is exp(several thousand).
     slow = base.draws.copy()
     slow[:, 2] = 1e-3
-    runaway = F.compute_multiplier(dataclasses.replace(base, draws=slow), other, 1e21)["multiplier"]
+    runaway = laws.compute_multiplier(dataclasses.replace(base, draws=slow), other, 1e21)["multiplier"]
     assert runaway["value"] == finite["value"] and runaway["high"] is None
 
 
@@ -103,8 +104,8 @@ def test_an_interval_end_next_to_an_unbounded_draw_is_unbounded_not_a_huge_numbe
     unbounded, the end is unbounded (reported as None), not an interpolated 4e306. Ends whose
     neighbours are finite are the plain linear quantiles, as before."""
     draws = np.concatenate([np.linspace(1.0, 2.0, 39), [np.inf]])
-    low, high = F._interval(draws, 0.95)
-    assert high == np.finfo(float).max and F._finite(high) is None
+    low, high = laws._interval(draws, 0.95)
+    assert high == np.finfo(float).max and laws._finite(high) is None
     assert low == np.quantile(draws[:-1].tolist() + [np.finfo(float).max], 0.025)
     finite = np.linspace(1.0, 2.0, 40)
-    assert F._interval(finite, 0.95) == tuple(float(v) for v in np.quantile(finite, [0.025, 0.975]))
+    assert laws._interval(finite, 0.95) == tuple(float(v) for v in np.quantile(finite, [0.025, 0.975]))

@@ -78,7 +78,7 @@ def test_a_finished_trial_lands_whole_or_not_at_all(tmp_path, monkeypatch):
     """Row and curve are one transaction: a failure while writing the curve
     leaves the trial unfinished, with no curve (planted mutation: committing
     the row before the curve leaves it `completed` without one)."""
-    from archsearch.store import duck
+    from archsearch.store import writes
 
     with A.open_store(tmp_path / "s.duckdb") as store:
         store.add_study(name="s", path="s.yaml", config={})
@@ -87,7 +87,7 @@ def test_a_finished_trial_lands_whole_or_not_at_all(tmp_path, monkeypatch):
         def broken(trial_id, row):
             raise OSError("disk gone")
 
-        monkeypatch.setattr(duck, "_metric_row", broken)
+        monkeypatch.setattr(writes, "_metric_row", broken)
         with pytest.raises(OSError):
             store.finish("a", RESULT)
         monkeypatch.undo()

@@ -1,4 +1,4 @@
-"""What the command line prints (archsearch/terminal.py), without Ray: the
+"""What the command line prints (archsearch/terminal.py and the terminal_* modules), without Ray: the
 plan table, per-layer tables, the Pareto front, the run summary and the
 status tables, at 80 and 120 columns, with hostile values in them."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import archsearch as A
-from archsearch import terminal
+from archsearch import terminal, terminal_plan, terminal_results, terminal_store
 from archsearch.execute.driver import RunSummary
 
 HOSTILE_SPACE = """\
@@ -90,7 +90,7 @@ def _fits(out: str, width: int) -> None:
 @pytest.mark.parametrize("width", [80, 120])
 def test_plan_table_is_whole_at_80_and_120_columns(trials, capsys, monkeypatch, width):
     """Mutation: the old fixed 240-column console and its 13 columns fail here."""
-    out = printed(capsys, monkeypatch, width, terminal.plan_table, trials)
+    out = printed(capsys, monkeypatch, width, terminal_plan.plan_table, trials)
     _fits(out, width)
     for t in trials:
         row = next(line for line in out.splitlines() if line.startswith(t.trial_id[:8] + " "))
@@ -102,7 +102,7 @@ def test_plan_table_is_whole_at_80_and_120_columns(trials, capsys, monkeypatch, 
 
 
 def test_wide_plan_table_has_every_column_at_full_width(trials, capsys, monkeypatch):
-    out = printed(capsys, monkeypatch, 80, terminal.plan_table, trials, wide=True)
+    out = printed(capsys, monkeypatch, 80, terminal_plan.plan_table, trials, wide=True)
     words = header(out, "planned trials")
     for name in ("family", "num_layers", "taper.shape", "seed", "target", "achieved", "d_model", "MLP", "state"):
         assert name in words
@@ -113,7 +113,7 @@ def test_wide_plan_table_has_every_column_at_full_width(trials, capsys, monkeypa
 def test_layers_show_each_layer_of_each_trial(trials, capsys, monkeypatch):
     from archsearch.arch.structures.stack import layer_params
 
-    out = printed(capsys, monkeypatch, 80, terminal.plan_table, trials, layers=True)
+    out = printed(capsys, monkeypatch, 80, terminal_plan.plan_table, trials, layers=True)
     for t in trials:
         assert f"trial {t.trial_id}: d_model={t.spec.d_model}" in out
     first = trials[0]
@@ -130,19 +130,19 @@ def test_markup_emoji_and_escapes_in_values_print_literally(trials, store, capsy
     markup); an ESC reached the terminal. Mutation: a console with markup on fails."""
     front = [{"trial_id": "t1", "axes": trials[0].axes, "val_loss": 1.0},
              {"trial_id": "t2", "axes": trials[2].axes, "val_loss": 2.0}]
-    for show, args in ((terminal.plan_table, (trials,)), (terminal.front_table, (front, ["val_loss"]))):
+    for show, args in ((terminal_plan.plan_table, (trials,)), (terminal_results.front_table, (front, ["val_loss"]))):
         out = printed(capsys, monkeypatch, 120, show, *args)
         assert "note=[/bold]" in out
         assert "\x1b" not in out and "colour=\\x1b[31mred :thumbs_up:" in " ".join(out.split())
     with A.open_store(store, read_only=True) as db:
-        out = printed(capsys, monkeypatch, 120, terminal.status_tables, db, study=None, as_json=False)
+        out = printed(capsys, monkeypatch, 120, terminal_store.status_tables, db, study=None, as_json=False)
     assert "ValueError: [red]boom\\x1b[2J" in out and "\x1b" not in out
 
 
 @pytest.mark.parametrize("width", [80, 120])
 def test_status_tables_are_whole_and_name_the_failure(store, trials, capsys, monkeypatch, width):
     with A.open_store(store, read_only=True) as db:
-        out = printed(capsys, monkeypatch, width, terminal.status_tables, db, study="tiny", as_json=False)
+        out = printed(capsys, monkeypatch, width, terminal_store.status_tables, db, study="tiny", as_json=False)
     _fits(out, width)
     lines = out.splitlines()
     study_row = next(line for line in lines if line.startswith("tiny"))
@@ -164,7 +164,7 @@ def test_status_tables_are_whole_and_name_the_failure(store, trials, capsys, mon
 
 def test_status_json_is_the_store(store, capsys):
     with A.open_store(store, read_only=True) as db:
-        terminal.status_tables(db, study=None, as_json=True)
+        terminal_store.status_tables(db, study=None, as_json=True)
     data = json.loads(capsys.readouterr().out)
     assert [s["name"] for s in data["studies"]] == ["tiny"]
     assert sorted(t["status"] for t in data["trials"]) == ["completed"] * 3 + ["failed"]
@@ -177,7 +177,7 @@ def test_status_json_is_the_store(store, capsys):
 def test_front_table_lists_only_the_axes_that_differ(capsys, monkeypatch):
     front = [{"trial_id": "a", "axes": {"family": "gdn", "loops": 2}, "val_loss": 2.5, "params": 12345},
              {"trial_id": "b", "axes": {"family": "gdn", "loops": 4}, "val_loss": 2.25, "params": 54321}]
-    out = printed(capsys, monkeypatch, 80, terminal.front_table, front, ["val_loss", "params"])
+    out = printed(capsys, monkeypatch, 80, terminal_results.front_table, front, ["val_loss", "params"])
     _fits(out, 80)
     assert header(out, "Pareto front") == ["trial", "loops", "val_loss", "params"]
     assert next(line for line in out.splitlines() if line.startswith("b")).split() == ["b", "4", "2.250", "54,321"]
@@ -187,7 +187,7 @@ def test_front_table_lists_only_the_axes_that_differ(capsys, monkeypatch):
 def test_run_summary_names_the_best_trial_and_writes_the_report(store, trials, tmp_path, capsys, monkeypatch):
     summary = RunSummary(study="tiny", planned=4, skipped=1, completed=2, failed=1, wall_time_s=1234.4)
     report = tmp_path / "out" / "tiny.html"
-    out = printed(capsys, monkeypatch, 80, terminal.run_summary, summary, store=store, report=report)
+    out = printed(capsys, monkeypatch, 80, terminal_store.run_summary, summary, store=store, report=report)
     _fits(out, 80)
     assert "tiny: 4 trials planned, 1 already done, 2 trained, 1 failed in 1,234s" in out
     best = trials[2]  # the lowest val_loss written by the fixture
@@ -225,7 +225,7 @@ def test_the_run_summary_front_names_both_baselines_and_shows_a_shared_training_
         for trial_id, *_, loss, twin in arms:
             db.share(trial_id, twin) if twin else db.finish(trial_id, result(loss))
     summary = RunSummary(study="loop", planned=4, skipped=0, completed=3, failed=0, wall_time_s=1.0, shared=1)
-    out = printed(capsys, monkeypatch, 120, terminal.run_summary, summary, store=store, report=tmp_path / "r.html")
+    out = printed(capsys, monkeypatch, 120, terminal_store.run_summary, summary, store=store, report=tmp_path / "r.html")
     lines = out.splitlines()
     front = lines[next(i for i, line in enumerate(lines) if "Pareto front" in line):]
     assert any(line.startswith("flop-2 ") and "baseline (iso-FLOP: 4-layer stack)" in line for line in front)
@@ -253,8 +253,8 @@ def test_status_says_where_each_running_trial_is(tmp_path, trials, capsys, monke
     from archsearch.store import RunLock
 
     with RunLock(path, study="tiny"), A.open_store(path, read_only=True) as db:  # its run is alive
-        out = printed(capsys, monkeypatch, width, terminal.status_tables, db, study="tiny", as_json=False)
-        terminal.status_tables(db, study="tiny", as_json=True)
+        out = printed(capsys, monkeypatch, width, terminal_store.status_tables, db, study="tiny", as_json=False)
+        terminal_store.status_tables(db, study="tiny", as_json=True)
     with A.open_store(path, read_only=True) as db:  # its run has gone: the trial was interrupted
         assert db.progress("tiny") == {}
     _fits(out, width)

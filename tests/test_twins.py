@@ -254,7 +254,7 @@ def test_a_store_of_schema_2_gains_the_same_as_column_when_written(tmp_path):
     con.close()
     assert "same_as" not in A.open_store(path, read_only=True).trials().column_names  # read as it is
     assert "same_as" in A.open_store(path).trials().column_names
-    from archsearch.store.duck import SCHEMA_VERSION
+    from archsearch.store.schema import SCHEMA_VERSION
 
     # taken forward to the newest schema, one migration after another
     assert A.open_store(path, read_only=True).sql("SELECT value FROM meta").column("value").to_pylist() == [

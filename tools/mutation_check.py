@@ -99,11 +99,11 @@ MUTANTS = [
     # fit
     Mutant("fit", "archsearch/analysis/fit.py", "slope = np.clip(residual, -self.delta, self.delta)",
            "slope = np.clip(residual, -2 * self.delta, 2 * self.delta)", FIT, "the Huber objective's delta"),
-    Mutant("fit", "archsearch/analysis/fit.py", "for q in ((1 - level) / 2, (1 + level) / 2):",
+    Mutant("fit", "archsearch/analysis/laws.py", "for q in ((1 - level) / 2, (1 + level) / 2):",
            "for q in ((1 - level), (1 + level) / 2):", FIT, "the interval's lower quantile"),
-    Mutant("fit", "archsearch/analysis/fit.py", "gap = np.exp(log_target) - np.exp(e)",
+    Mutant("fit", "archsearch/analysis/laws.py", "gap = np.exp(log_target) - np.exp(e)",
            "gap = np.exp(log_target) + np.exp(e)", FIT, "the multiplier's loss gap above the floor"),
-    Mutant("fit", "archsearch/analysis/fit.py", "return float(np.exp(exponent) / compute) if exponent <= LOG_MAX",
+    Mutant("fit", "archsearch/analysis/laws.py", "return float(np.exp(exponent) / compute) if exponent <= LOG_MAX",
            "return float(np.exp(exponent) * compute) if exponent <= LOG_MAX", FIT,
            "the compute multiplier's ratio inverted"),
     # compare
@@ -116,13 +116,13 @@ MUTANTS = [
     Mutant("compare", "archsearch/analysis/compare.py", "p = float(2 * stats.t.sf(abs(mean) / se, df))",
            "p = float(stats.t.sf(abs(mean) / se, df))", COMPARE, "a one-sided p-value"),
     # store writes
-    Mutant("store", "archsearch/store/duck.py", '["diverged" if diverged else "completed", diverged,',
+    Mutant("store", "archsearch/store/writes.py", '["diverged" if diverged else "completed", diverged,',
            '["completed", diverged,', STORE, "a diverged trial written completed"),
-    Mutant("store", "archsearch/store/duck.py", 'con.execute("DELETE FROM metrics WHERE trial_id = ?", [trial_id])\n'
+    Mutant("store", "archsearch/store/writes.py", 'con.execute("DELETE FROM metrics WHERE trial_id = ?", [trial_id])\n'
            '            if result["curve"]:', 'if result["curve"]:', STORE, "a retried trial's old curve kept"),
-    Mutant("store", "archsearch/store/duck.py", "[int(new_attempt), trial_id])", "[1, trial_id])", STORE,
+    Mutant("store", "archsearch/store/writes.py", "[int(new_attempt), trial_id])", "[1, trial_id])", STORE,
            "a promotion counted as a new attempt"),
-    Mutant("store", "archsearch/store/duck.py", "(SELECT arg_min(trial_id, val_loss) FROM trials",
+    Mutant("store", "archsearch/store/writes.py", "(SELECT arg_min(trial_id, val_loss) FROM trials",
            "(SELECT arg_max(trial_id, val_loss) FROM trials", STORE, "the sweep's best is its worst"),
     # halving
     Mutant("halving", "archsearch/search/halving.py", "for entry in ranked[:len(members) // self.eta]:",

@@ -17,7 +17,8 @@ pandas or polars DataFrame, a list of row dicts or a dict of columns::
 """
 
 from archsearch.analysis.compare import Comparison, Difference, compare_arms, varying_axes
-from archsearch.analysis.fit import LAWS, Estimate, Law, Prediction, ScalingFit, compute_multiplier, fit_law
+from archsearch.analysis.fit import fit_law
+from archsearch.analysis.laws import LAWS, Estimate, Law, Prediction, ScalingFit, compute_multiplier
 from archsearch.analysis.pareto import Front, hypervolume, nondominated, pareto, pareto_front, parse_objectives
 from archsearch.analysis.scaling import Fits, extrapolated_front, fit_scaling
 from archsearch.analysis.tables import as_table, read_csv

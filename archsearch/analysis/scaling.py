@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 
 from archsearch.analysis.arms import arm_axes, arm_labels, table_rows
-from archsearch.analysis.fit import ScalingFit, bounded_points, compute_multiplier, fit_law, law_named
+from archsearch.analysis.fit import bounded_points, fit_law
+from archsearch.analysis.laws import ScalingFit, compute_multiplier, law_named
 from archsearch.analysis.pareto import Front, pareto, parse_objectives
 from archsearch.analysis.tables import as_table, decoded_rows, group_labels, numeric_column
 

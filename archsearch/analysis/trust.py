@@ -21,7 +21,7 @@ SCATTER = 0.05  # log residuals' spread (about 5% of the loss) beside a law that
 
 
 def cautions(fit) -> list[str]:
-    """The reasons not to trust ``fit`` (an ``analysis.fit.ScalingFit``), empty when none."""
+    """The reasons not to trust ``fit`` (an ``analysis.laws.ScalingFit``), empty when none."""
     out = []
     estimates = fit.estimates
     for variable, (low, high) in fit.ranges.items():

@@ -50,7 +50,7 @@ def _measure(name: str, row: dict) -> float | None:
     if name == "train_flops":
         flops, tokens = row.get("flops_per_token"), row.get("tokens")
         return None if flops is None or tokens is None else flops * tokens
-    if name == "gen_gap":  # as the store's trials read computes it (archsearch.store.duck.GEN_GAP)
+    if name == "gen_gap":  # as the store's trials read computes it (archsearch.store.schema.GEN_GAP)
         val, train = row.get("val_loss"), row.get("train_loss")
         return None if val is None or train is None else val - train
     if name == "state_bytes":
