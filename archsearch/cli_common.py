@@ -46,13 +46,17 @@ def _fail(message: str, code: int) -> None:
 
 
 def writable_kind(path: Path, what: str) -> None:
-    """Refuse, in one line, an output path that a write would block on (a named pipe no process
-    reads) or cannot write (a socket); see ``files.output_problem``."""
-    from archsearch.files import output_problem
+    """Refuse, in one line and before any work, an output path that a write would block on (a
+    named pipe no process reads) or cannot write (a socket, a folder that refuses a file); see
+    ``files.output_problem`` and ``files.write_problem``."""
+    from archsearch.files import output_problem, write_problem
 
     problem = output_problem(path)
     if problem is not None:
         _fail(f"cannot write {what} {path}: it {problem}; choose another path", 2)
+    problem = write_problem(path)
+    if problem is not None:
+        _fail(f"cannot write {what} {path}: {problem}; choose another path", 2)
 
 
 @contextmanager

@@ -80,6 +80,36 @@ def read_head(path: str | Path, limit: int) -> bytes:
             raise FileKindError(_os_problem(err)) from None
 
 
+def write_problem(path: str | Path) -> str | None:
+    """Why nothing could be written at ``path`` (a file, or a folder to make), in words, or None,
+    found before any work is done: a file is made and removed in the folder that would hold it
+    (the nearest one that exists), so a read-only or virtual folder (``/proc``), a missing
+    permission, a full disk's refusal or a file where a folder should be is told at once. An
+    existing device or pipe is left to ``output_problem``."""
+    path = Path(path)
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        mode = None
+    if mode is not None and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        return None
+    folder = path if mode is not None and stat.S_ISDIR(mode) else path.parent
+    while not os.path.lexists(folder) and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        return f"{folder} is not a folder"
+    probe = folder / f".archsearch-write-probe-{os.getpid()}"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError as err:
+        if err.errno == errno.EACCES:
+            return f"{folder} is not writable (permission denied)"
+        return f"{folder} cannot be written to ({err.strerror or err})"
+    os.close(fd)
+    os.unlink(probe)
+    return None
+
+
 def output_problem(path: str | Path) -> str | None:
     """What makes ``path`` unfit to write an output to, in words, or None: a named pipe no
     process reads ("is a named pipe no process reads": opening it would block until one does)
