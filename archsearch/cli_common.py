@@ -45,7 +45,7 @@ def _fail(message: str, code: int) -> None:
     raise typer.Exit(code)
 
 
-def writable_kind(path: Path, what: str) -> None:
+def writable_kind(path: Path, what: str, fix: str = "choose another path") -> None:
     """Refuse, in one line and before any work, an output path that a write would block on (a
     named pipe no process reads) or cannot write (a socket, a folder that refuses a file); see
     ``files.output_problem`` and ``files.write_problem``."""
@@ -53,23 +53,23 @@ def writable_kind(path: Path, what: str) -> None:
 
     problem = output_problem(path)
     if problem is not None:
-        _fail(f"cannot write {what} {path}: it {problem}; choose another path", 2)
+        _fail(f"cannot write {what} {path}: it {problem}; {fix}", 2)
     problem = write_problem(path)
     if problem is not None:
-        _fail(f"cannot write {what} {path}: {problem}; choose another path", 2)
+        _fail(f"cannot write {what} {path}: {problem}; {fix}", 2)
 
 
 @contextmanager
-def _writing(path: Path, what: str):
-    """A file or folder the user named that cannot be written: one line, exit 2."""
+def _writing(path: Path, what: str, fix: str = "choose another path"):
+    """A file or folder the user named that cannot be written: one line, exit 2, ending with ``fix``."""
     import duckdb
 
-    writable_kind(path, what)
+    writable_kind(path, what, fix)
     try:
         yield
     except (OSError, duckdb.IOException) as err:
         reason = getattr(err, "strerror", None) or str(err).splitlines()[0]
-        _fail(f"cannot write {what} {path}: {reason}; choose another path", 2)
+        _fail(f"cannot write {what} {path}: {reason}; {fix}", 2)
 
 
 def require_study(db, study: str, store: Path, fix: str) -> None:

@@ -81,7 +81,7 @@ def _run(study_path: Path, *, store: Path, address, max_parallel, report, progre
             raise StoreError(f"no store at {store}; nothing to resume (use `archsearch run {study_path}`)")
         with reading(store) as db:
             require_study(db, study.name, store, f"start it with `archsearch run {study_path}`")
-    with _writing(store.parent, "the store's folder"):
+    with _writing(store.parent, "the store's folder", "pass --store a path this user can write"):
         store.parent.mkdir(parents=True, exist_ok=True)
     writable_kind(report or _default_report(study.name), "the report")  # before training, not after
     again = ["archsearch", "resume", str(study_path), "--store", str(store)]
