@@ -103,6 +103,9 @@ def test_tables_of_an_analysis_read_its_layer_profiles(tmp_path, monkeypatch):
                                  "metric": "dropped", "value": 1.0})
         profiles.append({"trial_id": f"t{s}", "analysis": "rho", "setting": {"mode": "noise", "seed": 0},
                          "layer": 0, "metric": "rho", "value": 2.0})
+        for threshold, ppl in ((None, 3.0), (0.5, 3.1 + 0.01 * s)):
+            profiles.append({"trial_id": f"t{s}", "analysis": "exit", "setting": {"threshold": threshold},
+                             "layer": None, "metric": "perplexity", "value": ppl})
     write_results(findings / "data" / "page", trials, profiles)
     monkeypatch.setattr(tool, "ROOT", tmp_path)
     monkeypatch.setattr(tool, "FINDINGS", findings)
@@ -119,5 +122,10 @@ def test_tables_of_an_analysis_read_its_layer_profiles(tmp_path, monkeypatch):
     assert all("| rho | 4 |" in line and line.endswith("| lower | contradicted |") for line in lines[2:])
     per_layer = tool.arms_table("page", {"study": "s", "analysis": "rho", "by": "family,layer", "metrics": "rho"})
     assert per_layer[2].startswith("| gdn 0 | 4 | 1,000 | 2.0000 ± 0.0000 |")
+    exits = tool.compare_table("page", {"study": "s", "analysis": "exit", "metric": "perplexity", "by": "threshold",
+                                        "baseline": "none", "where": "threshold:none|0.5"})
+    assert len(exits) == 3 and exits[2].startswith("| 0.5 | 4 | +0.1150 ")  # every loop run reads "none"
+    single = tool.arms_table("page", {"study": "s", "analysis": "rho", "by": "family,seed", "metrics": "rho"})
+    assert single[2] == "| gdn 0 | 1 | 1,000 | 2.0000 ± — |"  # one seed: no interval
     with pytest.raises(ValueError, match="where removed:9"):
         tool.completed("page", "s", analysis="prune", metrics=("perplexity",), where="removed:9")

@@ -34,7 +34,7 @@ the row's setting (``mode``, ``ranking``, ``removed``, ``threshold``, ...) and, 
 row, ``layer`` added to the trial's axes, and the row's metrics as columns (``rho``,
 ``measured``, ``perplexity``, ...); ``log_M`` is the natural log of metric ``M`` (a perplexity
 as a loss, so a ratio of perplexities is a difference). The calibration's own seed is not the
-trial's and is left out.
+trial's and is left out; a setting of null (the exit analysis's every-loop point) reads ``none``.
 
 tests/test_findings_tables.py runs ``--check``, so a page cannot drift from its data.
 """
@@ -116,7 +116,8 @@ def profile_rows(page: str, trials, analysis: str, metrics: tuple[str, ...]):
     for trial_id, setting, layer, metric, value in found:
         if trial_id not in by_trial or metric not in wanted:
             continue
-        setting = {k: v for k, v in json.loads(setting).items() if k != CALIBRATION_SEED}
+        # a setting of null (``analyze exit``'s every-loop point) reads "none", so it can name an arm
+        setting = {k: "none" if v is None else v for k, v in json.loads(setting).items() if k != CALIBRATION_SEED}
         key = (trial_id, json.dumps(setting, sort_keys=True), layer)
         row = grouped.setdefault(key, {"setting": setting, "layer": layer, "values": {}})
         row["values"][metric] = value
@@ -253,6 +254,9 @@ def arms_table(page: str, options: dict) -> list[str]:
         cells = [label, str(len(rows)), ", ".join(f"{p:,}" for p in params)]
         for metric in metrics:
             values = np.array([columns[metric][i] for i in rows], dtype=float)
+            if len(values) < 2:  # one seed: no interval
+                cells.append(f"{values.mean():.4f} ± —")
+                continue
             half = stats.t.ppf(0.975, len(values) - 1) * values.std(ddof=1) / math.sqrt(len(values))
             cells.append(f"{values.mean():.4f} ± {half:.4f}")
         lines.append("| " + " | ".join(cells) + " |")
