@@ -64,3 +64,68 @@ def test_the_verdict_rule(claim, diff, low, high, p_holm, effect, expected):
     tool = load_tool()
     assert tool.verdict(row(diff, low, high, p_holm), claim=claim, effect=effect) == expected
     assert tool.verdict(row(diff, low, high, p_holm), claim=None, effect=effect) == "—"
+
+
+def write_results(folder: Path, trials: list[dict], profiles: list[dict]):
+    """A Parquet export of a store with ``trials`` of study ``s`` and their ``layer_profiles`` rows."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder.mkdir(parents=True)
+    base = {"status": "completed", "sweep_group": None, "sweep_best": False, "match": "params", "target": 1000.0,
+            "params": 1000, "train_loss": 1.0, "val_loss": 1.0, "created_at": 0}
+    pq.write_table(pa.Table.from_pylist([{**base, **t, "axes": json.dumps(t["axes"])} for t in trials]),
+                   folder / "trials.parquet")
+    pq.write_table(pa.Table.from_pylist([{"study": "s", "trial_id": t["trial_id"]} for t in trials]),
+                   folder / "study_trials.parquet")
+    pq.write_table(pa.Table.from_pylist([dict(p, setting=json.dumps(p["setting"]), created_at=0) for p in profiles]),
+                   folder / "layer_profiles.parquet")
+
+
+def test_tables_of_an_analysis_read_its_layer_profiles(tmp_path, monkeypatch):
+    """``analysis=prune``: a row per trial and setting, the setting's keys as axes (the calibration's
+    seed left out), ``log_`` metrics logged, ``where`` keeping the rows it names."""
+    import math
+
+    tool = load_tool()
+    findings = tmp_path / "docs" / "findings"
+    trials = [{"trial_id": f"t{s}", "family": "gdn", "seed": s, "axes": {"family": "gdn"}} for s in range(4)]
+    profiles = []
+    for s in range(4):
+        for ranking, ppl in (("bi", 10.0 + s), ("rho", (10.0 + s) * (1.5 + 0.01 * s))):
+            for removed in (1, 2):
+                setting = {"ranking": ranking, "removed": removed, "seed": 0, "batches": 4}
+                profiles.append({"trial_id": f"t{s}", "analysis": "prune", "setting": setting, "layer": None,
+                                 "metric": "perplexity", "value": ppl * removed})
+                profiles.append({"trial_id": f"t{s}", "analysis": "prune", "setting": setting, "layer": 3,
+                                 "metric": "dropped", "value": 1.0})
+        profiles.append({"trial_id": f"t{s}", "analysis": "rho", "setting": {"mode": "noise", "seed": 0},
+                         "layer": 0, "metric": "rho", "value": 2.0})
+        for threshold, ppl in ((None, 3.0), (0.5, 3.1 + 0.01 * s)):
+            profiles.append({"trial_id": f"t{s}", "analysis": "exit", "setting": {"threshold": threshold},
+                             "layer": None, "metric": "perplexity", "value": ppl})
+    write_results(findings / "data" / "page", trials, profiles)
+    monkeypatch.setattr(tool, "ROOT", tmp_path)
+    monkeypatch.setattr(tool, "FINDINGS", findings)
+
+    rows = tool.completed("page", "s", analysis="prune", metrics=("log_perplexity",), where="removed:2").to_pylist()
+    assert len(rows) == 8 and all(r["seed"] in range(4) for r in rows)
+    bi = next(r for r in rows if r["trial_id"] == "t1" and '"bi"' in r["axes"])
+    assert bi["log_perplexity"] == pytest.approx(math.log(22.0))
+    assert '"seed"' not in bi["axes"] and '"removed": 2' in bi["axes"]
+
+    lines = tool.compare_table("page", {"study": "s", "analysis": "prune", "metric": "log_perplexity",
+                                        "baseline": "bi", "by": "ranking", "within": "removed", "lower": "rho"})
+    assert len(lines) == 4  # head, rule, one row per number removed
+    assert all("| rho | 4 |" in line and line.endswith("| lower | contradicted |") for line in lines[2:])
+    per_layer = tool.arms_table("page", {"study": "s", "analysis": "rho", "by": "family,layer", "metrics": "rho"})
+    assert per_layer[2].startswith("| gdn 0 | 4 | 1,000 | 2.0000 ± 0.0000 |")
+    exits = tool.compare_table("page", {"study": "s", "analysis": "exit", "metric": "perplexity", "by": "threshold",
+                                        "baseline": "none", "where": "threshold:none|0.5"})
+    assert len(exits) == 3 and exits[2].startswith("| 0.5 | 4 | +0.1150 ")  # every loop run reads "none"
+    single = tool.arms_table("page", {"study": "s", "analysis": "rho", "by": "family,seed", "metrics": "rho"})
+    assert single[2] == "| gdn 0 | 1 | 1,000 | 2.0000 ± — |"  # one seed: no interval
+    with pytest.raises(ValueError, match="where removed:9"):
+        tool.completed("page", "s", analysis="prune", metrics=("perplexity",), where="removed:9")

@@ -12,7 +12,9 @@ what it is, and this script owns every line between them:
     | ... |
     <!-- /table -->
 
-Kinds of table (both take ``families=a,b`` to keep only those families' trials):
+Kinds of table (both take ``families=a,b`` to keep only those families' trials, and
+``where=k:v|w,k2:u`` to keep only the rows whose column or axis ``k`` is ``v`` or ``w`` and
+``k2`` is ``u``):
 
 - ``arms study=S by=a,b [metrics=val_loss,train_loss,gen_gap]``: each arm's
   seeds, parameters, and each metric's mean with its 95% t-interval.
@@ -24,6 +26,15 @@ Kinds of table (both take ``families=a,b`` to keep only those families' trials):
   or ``*`` for all) the paper says beat or lose to the baseline on the metric
   (lower is better for a loss); ``effect`` the size of the paper's effect in
   the metric's units, where the page can state it.
+
+Either kind reads the study's analyses instead of its trials with ``analysis=A`` (``rho``,
+``prune``, ``wanda``, ``exit``: the rows ``archsearch analyze`` wrote to the store's
+``layer_profiles``, which the export carries). Each analysis row becomes a row of its trial with
+the row's setting (``mode``, ``ranking``, ``removed``, ``threshold``, ...) and, for a per-layer
+row, ``layer`` added to the trial's axes, and the row's metrics as columns (``rho``,
+``measured``, ``perplexity``, ...); ``log_M`` is the natural log of metric ``M`` (a perplexity
+as a loss, so a ratio of perplexities is a difference). The calibration's own seed is not the
+trial's and is left out; a setting of null (the exit analysis's every-loop point) reads ``none``.
 
 tests/test_findings_tables.py runs ``--check``, so a page cannot drift from its data.
 """
@@ -63,18 +74,105 @@ class ParquetResults:
             return con.sql(query, params=[study]).to_arrow_table()
 
 
-def completed(page: str, study: str, families: str | None = None):
-    """The study's completed trials in the page's data; ``families`` (comma-separated) keeps those."""
+def completed(page: str, study: str, families: str | None = None, *, analysis: str | None = None,
+              where: str | None = None, metrics: tuple[str, ...] = ()):
+    """The study's completed trials in the page's data; ``families`` (comma-separated) keeps those;
+    ``analysis``: the trials' rows of that analysis instead (see the module docstring), those
+    holding every one of ``metrics``; ``where``: only the rows it names."""
     import pyarrow.compute as pc
 
-    from archsearch import analysis
+    from archsearch import analysis as analyses
 
-    table = analysis.completed_trials(ParquetResults(FINDINGS / "data" / page), study)
+    table = analyses.completed_trials(ParquetResults(FINDINGS / "data" / page), study)
     if families:
         table = table.filter(pc.is_in(table.column("family"), value_set=pa_strings(families.split(","))))
+    if analysis:
+        table = profile_rows(page, table, analysis, metrics)
+    if where:
+        table = kept(table, where)
     if table.num_rows == 0:
-        raise ValueError(f"{page}: no completed trials of study '{study}' in docs/findings/data/{page}")
+        raise ValueError(f"{page}: no completed trials of study '{study}' in docs/findings/data/{page}"
+                         + (f" with {analysis} rows" if analysis else "") + (f" where {where}" if where else ""))
     return table
+
+
+CALIBRATION_SEED = "seed"  # a setting's calibration seed, not the trial's
+
+
+def profile_rows(page: str, trials, analysis: str, metrics: tuple[str, ...]):
+    """One row per trial, setting and layer of ``analysis`` in the page's ``layer_profiles``:
+    the trial's columns, its axes with the setting (and layer) added, and a column per metric."""
+    import duckdb
+    import pyarrow as pa
+
+    folder = FINDINGS / "data" / page
+    profiles = folder / "layer_profiles.parquet"
+    with duckdb.connect() as con:
+        found = con.sql(f"SELECT trial_id, setting, layer, metric, value FROM read_parquet('{profiles}') "
+                        "WHERE analysis = ? ORDER BY trial_id, created_at", params=[analysis]).fetchall()
+    by_trial = {row["trial_id"]: row for row in trials.to_pylist()}
+    wanted = {m.removeprefix("log_") for m in metrics}
+    grouped: dict[tuple, dict] = {}
+    for trial_id, setting, layer, metric, value in found:
+        if trial_id not in by_trial or metric not in wanted:
+            continue
+        # a setting of null (``analyze exit``'s every-loop point) reads "none", so it can name an arm
+        setting = {k: "none" if v is None else v for k, v in json.loads(setting).items() if k != CALIBRATION_SEED}
+        key = (trial_id, json.dumps(setting, sort_keys=True), layer)
+        row = grouped.setdefault(key, {"setting": setting, "layer": layer, "values": {}})
+        row["values"][metric] = value
+    rows = []
+    for (trial_id, _, _), found_row in grouped.items():
+        values = found_row["values"]
+        if not all(m.removeprefix("log_") in values for m in metrics):
+            continue
+        trial = dict(by_trial[trial_id])
+        axes = json.loads(trial["axes"]) if isinstance(trial["axes"], str) else dict(trial["axes"] or {})
+        axes.update(found_row["setting"])
+        if found_row["layer"] is not None:
+            axes["layer"] = found_row["layer"]
+        trial["axes"] = json.dumps(axes)
+        for metric in metrics:
+            value = values[metric.removeprefix("log_")]
+            trial[metric] = math.log(value) if metric.startswith("log_") else value
+        rows.append(trial)
+    if not rows:
+        return trials.slice(0, 0)
+    return pa.Table.from_pylist(rows)
+
+
+def kept(table, where: str):
+    """The rows of ``table`` that ``where`` (``k:v|w,k2:u``) names: column or axis k is v or w, and so on."""
+    conditions = []
+    for part in where.split(","):
+        key, _, allowed = part.partition(":")
+        if not key or not allowed:
+            raise ValueError(f"where={where}: give key:value|value pairs separated by commas")
+        conditions.append((key, set(allowed.split("|"))))
+    axes = [json.loads(a) if isinstance(a, str) else (a or {}) for a in table.column("axes").to_pylist()]
+    columns = {key: table.column(key).to_pylist() for key, _ in conditions if key in table.column_names}
+    keep = []
+    for i, row in enumerate(axes):
+        ok = True
+        for key, allowed in conditions:
+            if key in row:
+                value = row[key]
+            elif key in columns:
+                value = columns[key][i]
+            else:
+                ok = False
+                break
+            if not {str(value), json.dumps(value)} & allowed:
+                ok = False
+                break
+        keep.append(ok)
+    return table.filter(pa_bools(keep))
+
+
+def pa_bools(values: list[bool]):
+    import pyarrow as pa
+
+    return pa.array(values, type=pa.bool_())
 
 
 def pa_strings(values: list[str]):
@@ -111,9 +209,11 @@ def claim_of(label: str, options: dict) -> str | None:
 def compare_table(page: str, options: dict) -> list[str]:
     from archsearch import analysis
 
-    data = completed(page, options["study"], options.get("families"))
+    metric = options.get("metric", "val_loss")
+    data = completed(page, options["study"], options.get("families"), analysis=options.get("analysis"),
+                     where=options.get("where"), metrics=(metric,))
     result = analysis.compare_arms(data, baseline=options["baseline"], by=options.get("by"),
-                                   within=options.get("within"), metric=options.get("metric", "val_loss"))
+                                   within=options.get("within"), metric=metric)
     effect = float(options["effect"]) if "effect" in options else None
     grouped = bool(result.within)
     head = (["group"] if grouped else []) + [
@@ -135,9 +235,10 @@ def arms_table(page: str, options: dict) -> list[str]:
     import numpy as np
     from scipy import stats
 
-    data = completed(page, options["study"], options.get("families"))
     by = options["by"].split(",")
     metrics = options.get("metrics", "val_loss").split(",")
+    data = completed(page, options["study"], options.get("families"), analysis=options.get("analysis"),
+                     where=options.get("where"), metrics=tuple(metrics))
     columns = {name: data.column(name).to_pylist() for name in ["params", "seed", *metrics]}
     axes = [json.loads(a) if isinstance(a, str) else a for a in data.column("axes").to_pylist()]
     arms: dict[str, list[int]] = {}
@@ -153,6 +254,9 @@ def arms_table(page: str, options: dict) -> list[str]:
         cells = [label, str(len(rows)), ", ".join(f"{p:,}" for p in params)]
         for metric in metrics:
             values = np.array([columns[metric][i] for i in rows], dtype=float)
+            if len(values) < 2:  # one seed: no interval
+                cells.append(f"{values.mean():.4f} ± —")
+                continue
             half = stats.t.ppf(0.975, len(values) - 1) * values.std(ddof=1) / math.sqrt(len(values))
             cells.append(f"{values.mean():.4f} ± {half:.4f}")
         lines.append("| " + " | ".join(cells) + " |")
