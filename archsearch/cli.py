@@ -24,6 +24,7 @@ app = typer.Typer(help="Declarative architecture search and scaling studies for 
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   rich_markup_mode=None)
 
+
 def _version(value: bool) -> None:
     if value:
         from archsearch.store.values import code_version
@@ -55,6 +56,7 @@ app.command()(schema)
 app.add_typer(analyze_app, name="analyze")
 app.add_typer(kernels_app, name="kernels")
 app.command()(bench)
+
 
 def entry() -> None:
     """The ``archsearch`` console script and ``python -m archsearch.cli``: the
