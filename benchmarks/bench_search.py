@@ -29,6 +29,7 @@ import argparse
 import heapq
 import json
 import math
+import os
 import random
 import statistics
 import subprocess
@@ -247,8 +248,6 @@ def real_run(work: Path, final: dict, *, pairs: int) -> None:
     """ASHA over TPE and the grid through ``archsearch run``, in ABBA order (grid, ASHA, ASHA, grid,
     ...), each into a fresh store, so a load that drifts over the runs weighs on both alike: wall
     times, tokens and best, and the load average each run started at."""
-    import os
-
     import archsearch as A
 
     runs = {"grid": ("grid", None), "ASHA over TPE": ("tpe", "asha")}

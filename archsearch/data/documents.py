@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sysconfig
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,7 +68,7 @@ def text_files(paths: list[str]) -> list[SourceFile]:
     return out
 
 
-def _under(root: Path, pattern: str, keep) -> list[SourceFile]:
+def _under(root: Path, pattern: str, keep: Callable[[Path], bool]) -> list[SourceFile]:
     """The regular files under ``root`` matching ``pattern`` that ``keep(relative path)`` accepts, sorted."""
     found = sorted((p.relative_to(root), p) for p in root.rglob(pattern))
     return [SourceFile(path, rel.as_posix()) for rel, path in found if keep(rel) and path.is_file()]
