@@ -290,3 +290,16 @@ def test_too_few_seeds_at_one_target_says_how_to_pool():
     rows = [{**r, "seed": 0} for r in _two_sizes(np.random.default_rng(5)) if r["seed"] == 0]
     with pytest.raises(ValueError, match="at target 1e\\+06, or give --pool to test over every size at once"):
         analysis.compare_arms(rows, baseline="transformer", by="family")
+
+
+def test_a_boolean_baseline_is_named_as_a_study_file_writes_it():
+    """Labels show a boolean axis as Python prints it (False); a baseline
+    written as YAML writes it (false, memory=false) names the same arm."""
+    rng = np.random.default_rng(3)
+    rows = [dict(axes={"memory": memory}, seed=s, val_loss=3.0 + 0.1 * memory + rng.normal(0, 0.01))
+            for s in SEEDS for memory in (False, True)]
+    for baseline in ("False", "false", "memory=false"):
+        result = analysis.compare_arms(rows, baseline=baseline)
+        assert result.baseline == "False" and result.get("True").difference == pytest.approx(0.1, abs=0.02)
+    with pytest.raises(ValueError, match="no arm matches baseline 'no'"):
+        analysis.compare_arms(rows, baseline="no")

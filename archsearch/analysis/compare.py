@@ -294,6 +294,12 @@ def _text(value: Any) -> str:
     return str(value)
 
 
+def _yaml_spelling(word: str) -> str:
+    """A boolean value as a study file writes it (``memory=false``), as labels show it (``memory=False``)."""
+    head, sep, value = word.rpartition("=")
+    return head + sep + value.lower() if value in ("True", "False") else word
+
+
 def _pick_baseline(text: str, labels: list[str], *, group: str = "", keys: list[str] = ()) -> str:
     """The one label equal to ``text``, or the one holding every comma-separated term of it
     (a label of one key's bare values also holds ``key=value``)."""
@@ -308,7 +314,7 @@ def _pick_baseline(text: str, labels: list[str], *, group: str = "", keys: list[
         words |= {kind for kind, name in PROTOCOLS.items() if f"({name}" in label}
         if len(keys) == 1:
             words |= {f"{keys[0]}={p}" for p in parts}
-        return all(term in words for term in terms)
+        return all(_yaml_spelling(term) in {_yaml_spelling(w) for w in words} for term in terms)
 
     found = [label for label in labels if holds(label)]
     if len(found) == 1:
