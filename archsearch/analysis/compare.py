@@ -314,7 +314,8 @@ def _pick_baseline(text: str, labels: list[str], *, group: str = "", keys: list[
         words |= {kind for kind, name in PROTOCOLS.items() if f"({name}" in label}
         if len(keys) == 1:
             words |= {f"{keys[0]}={p}" for p in parts}
-        return all(_yaml_spelling(term) in {_yaml_spelling(w) for w in words} for term in terms)
+        spelled = {_yaml_spelling(w) for w in words}
+        return all(_yaml_spelling(term) in spelled for term in terms)
 
     found = [label for label in labels if holds(label)]
     if len(found) == 1:
