@@ -101,13 +101,19 @@ def export(parquet: Annotated[Optional[Path], typer.Option(
                help="write trial TRIAL (its id or a unique prefix) to the new folder DIR: a transformers "
                     "checkpoint (Llama, Mamba, Mamba-2; needs the hf extra), else safetensors and the spec "
                     "that rebuilds it")] = None,
+           portable: Annotated[bool, typer.Option(
+               "--portable", help="with --parquet: name study and data files relative to this folder "
+                                  "(or by name outside it), not by this machine's paths, and add "
+                                  "data_files.parquet with each data file's bytes and sha256")] = False,
            store: StoreOpt = DEFAULT_STORE):
     """The store as Parquet files, or a trained model as a transformers checkpoint."""
     if (parquet is None) == (hf is None):
         _fail("export needs one of --parquet DIR (the store) or --hf TRIAL DIR (a trained model)", 2)
+    if portable and parquet is None:
+        _fail("--portable goes with --parquet DIR: a model exported with --hf names no paths", 2)
     if parquet is not None:
         with reading(store) as db, _writing(parquet, "Parquet files to"):
-            for path in db.export_parquet(parquet):
+            for path in db.export_parquet(parquet, portable=portable):
                 typer.echo(path)
         return
     from archsearch.export import export_trial

@@ -128,6 +128,8 @@ def test_report_and_export_to_unwritable_paths_fail_in_one_line(filled, tmp_path
     one_line_error(invoke("export", "--store", store, "--parquet", blocker / "x"), 2,
                    f"cannot write Parquet files to {blocker / 'x'}")
     one_line_error(invoke("export", "--store", store, "--parquet", "/etc/passwd/x"), 2, "/etc/passwd/x")
+    one_line_error(invoke("export", "--store", store, "--portable", "--hf", "abc", tmp_path / "m"), 2,
+                   "--portable goes with --parquet DIR")
 
 
 def test_an_unwritable_report_path_is_refused_before_the_work(filled, monkeypatch):

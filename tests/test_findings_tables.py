@@ -29,6 +29,27 @@ def test_every_findings_table_agrees_with_the_committed_data(capsys):
         assert (ROOT / "docs" / "findings" / "data" / page.stem / "trials.parquet").is_file(), page.stem
 
 
+def test_the_committed_results_name_no_folder_of_a_machine_and_read_the_documented_data():
+    """An export names its data by name and checksum (``export --portable``), and every
+    checksum is one of the files the findings README says how to download."""
+    import duckdb
+
+    readme = (ROOT / "docs" / "findings" / "README.md").read_text()
+    for folder in sorted((ROOT / "docs" / "findings" / "data").iterdir()):
+        files = folder / "data_files.parquet"
+        assert files.is_file(), f"{folder.name}: export it with --portable"
+        for name, size, digest in duckdb.sql(f"SELECT * FROM '{files}'").fetchall():
+            assert digest is not None and f"`{digest}`" in readme, (folder.name, name)
+            assert f"({size:,} bytes)" in readme, (folder.name, name)
+        for table in folder.glob("*.parquet"):
+            relation = duckdb.sql(f"SELECT * FROM '{table}'")
+            for column, kind in zip(relation.columns, relation.types):
+                if str(kind) in ("VARCHAR", "JSON"):
+                    found = duckdb.sql(f"SELECT count(*) FROM '{table}' WHERE regexp_matches("
+                                       f"CAST(\"{column}\" AS VARCHAR), '(^|[\"\\s])/[A-Za-z]')").fetchall()[0][0]
+                    assert found == 0, (table.relative_to(ROOT), column)
+
+
 def test_a_changed_number_on_a_page_is_caught(tmp_path, monkeypatch, capsys):
     tool = load_tool()
     findings = tmp_path / "docs" / "findings"

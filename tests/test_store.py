@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+
 import pyarrow.parquet as pq
 import pytest
 
@@ -38,6 +41,36 @@ def test_round_trip(tmp_path):
     assert pq.read_table(tmp_path / "pq" / "trials.parquet").num_rows == 2
     assert [f.stem for f in files] == ["studies", "study_versions", "trials", "study_trials", "metrics", "train_points",
                                        "trial_rungs", "search_proposals", "fidelity_ladders", "layer_profiles"]
+
+
+def test_a_portable_export_names_no_folder_of_this_machine_and_checks_its_data(tmp_path, monkeypatch):
+    here, away = tmp_path / "project", tmp_path / "scratch's"  # a quote in a path must not break the SQL
+    (here / "data").mkdir(parents=True)
+    away.mkdir()
+    (here / "data" / "a.txt").write_bytes(b"abc")
+    (away / "b.txt").write_bytes(b"")
+    inside, outside = str(here / "data" / "a.txt"), str(away / "b.txt")
+    gone = str(tmp_path / "gone" / "c.txt")
+    data = {"kind": "text", "paths": [inside, outside, gone], "cache_dir": str(away / "cache")}
+    with A.open_store(tmp_path / "s.duckdb") as store:
+        store.add_study(name="s", path=str(here / "studies" / "s.yaml"), config={"data": data})
+        store.add_trials("s", [dict(trial_row("a"), data=data)])
+        store.finish("a", RESULT)
+        monkeypatch.chdir(here)
+        files = store.export_parquet(tmp_path / "pq", portable=True)
+        plain = store.export_parquet(tmp_path / "plain")
+    assert files[-1].name == "data_files.parquet" and len(plain) == len(files) - 1
+    text = "".join(str(pq.read_table(f).to_pylist()) for f in files)
+    assert str(tmp_path) not in text  # every path of this machine is gone, JSON or not
+    trial = pq.read_table(tmp_path / "pq" / "trials.parquet").to_pylist()[0]
+    assert json.loads(trial["data"])["paths"] == ["data/a.txt", "b.txt", "c.txt"]
+    assert json.loads(trial["data"])["cache_dir"] == "cache"
+    assert pq.read_table(tmp_path / "pq" / "studies.parquet").to_pylist()[0]["path"] == "studies/s.yaml"
+    assert pq.read_table(tmp_path / "pq" / "data_files.parquet").to_pylist() == [
+        {"name": "data/a.txt", "bytes": 3, "sha256": hashlib.sha256(b"abc").hexdigest()},
+        {"name": "b.txt", "bytes": 0, "sha256": hashlib.sha256(b"").hexdigest()},
+        {"name": "c.txt", "bytes": None, "sha256": None}]
+    assert inside in str(pq.read_table(tmp_path / "plain" / "trials.parquet").to_pylist())  # the default keeps them
 
 
 def test_registering_again_keeps_finished_results(tmp_path):

@@ -11,6 +11,7 @@ import duckdb
 import pyarrow as pa
 
 from archsearch.files import output_problem
+from archsearch.store import portable as portable_paths
 from archsearch.store.runlock import run_alive
 from archsearch.store.schema import GEN_GAP, TABLES
 
@@ -77,22 +78,41 @@ class TrialReads:
             return self.sql("SELECT * FROM metrics ORDER BY trial_id, step")
         return self.sql("SELECT m.* FROM metrics m JOIN study_trials st USING (trial_id) "
                         "WHERE st.study = ? ORDER BY m.trial_id, m.step", [study])
-    def export_parquet(self, folder: str | Path) -> list[Path]:
-        """Write every table as ``folder/<table>.parquet`` (one consistent snapshot)."""
+    def export_parquet(self, folder: str | Path, *, portable: bool = False) -> list[Path]:
+        """Write every table as ``folder/<table>.parquet`` (one consistent snapshot).
+
+        ``portable`` writes the store's study, data and cache paths relative to the current
+        folder (or by name when outside it) and adds ``data_files.parquet``: each data file's
+        shared name, bytes and sha256, so the export can be shared and its data checked."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         out = []
         with self._connect() as con:
             # a store older than a table (read as it is) exports what it has
             present = {row[0] for row in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
-            for table in (name for name in TABLES if name in present):
+            names: dict[str, str] = {}
+            if portable:
+                data, other = portable_paths.store_paths(con, present)
+                here = Path.cwd().resolve()
+                names = {path: portable_paths.shared_name(path, here) for path in data + other}
+                files = pa.Table.from_pylist(portable_paths.describe_files(data, names), schema=pa.schema(
+                    [("name", pa.string()), ("bytes", pa.int64()), ("sha256", pa.string())]))
+                con.register("_data_files", files)
+            tables = [name for name in TABLES if name in present] + ([portable_paths.DATA_FILES] if portable else [])
+            for table in tables:
                 path = folder / f"{table}.parquet"
                 problem = output_problem(path)
                 if problem is not None:  # a named pipe there would block the COPY until someone reads it
                     raise OSError(f"{path} {problem}")
+                if table == portable_paths.DATA_FILES:
+                    query = "SELECT * FROM _data_files"
+                else:
+                    columns = con.execute("SELECT column_name, data_type FROM information_schema.columns "
+                                          "WHERE table_name = ? ORDER BY ordinal_position", [table]).fetchall()
+                    query = f"SELECT {', '.join(portable_paths.rewrite(c, k, names) for c, k in columns)} FROM {table}"
                 quoted = path.as_posix().replace("'", "''")
                 try:
-                    con.execute(f"COPY {table} TO '{quoted}' (FORMAT parquet)")
+                    con.execute(f"COPY ({query}) TO '{quoted}' (FORMAT parquet)")
                 except duckdb.IOException as err:
                     if path.as_posix() not in str(err):
                         raise  # reading the store failed, not writing the export
