@@ -25,7 +25,9 @@ Kinds of table (both take ``families=a,b`` to keep only those families' trials, 
   claim about: ``lower``/``higher`` name the arms (a word of their label,
   or ``*`` for all) the paper says beat or lose to the baseline on the metric
   (lower is better for a loss); ``effect`` the size of the paper's effect in
-  the metric's units, where the page can state it.
+  the metric's units, where the page can state it; ``pool=true`` tests over every budget
+  target at once (``compare --pool``: a protocol's baselines are matched to their arm's
+  parameters, not the study's target).
 
 Either kind reads the study's analyses instead of its trials with ``analysis=A`` (``rho``,
 ``prune``, ``wanda``, ``exit``: the rows ``archsearch analyze`` wrote to the store's
@@ -213,7 +215,7 @@ def compare_table(page: str, options: dict) -> list[str]:
     data = completed(page, options["study"], options.get("families"), analysis=options.get("analysis"),
                      where=options.get("where"), metrics=(metric,))
     result = analysis.compare_arms(data, baseline=options["baseline"], by=options.get("by"),
-                                   within=options.get("within"), metric=metric)
+                                   within=options.get("within"), metric=metric, pool=options.get("pool") == "true")
     effect = float(options["effect"]) if "effect" in options else None
     grouped = bool(result.within)
     head = (["group"] if grouped else []) + [
