@@ -12,9 +12,10 @@ import os
 from pathlib import Path
 
 import duckdb
+import pyarrow as pa
 
 DATA_FILES = "data_files"  # the table of an export that describes the data files
-_CHUNK = 1 << 20
+_SCHEMA = pa.schema([("name", pa.string()), ("bytes", pa.int64()), ("sha256", pa.string())])
 
 
 def store_paths(con: duckdb.DuckDBPyConnection, present: set[str]) -> tuple[list[str], list[str]]:
@@ -22,7 +23,8 @@ def store_paths(con: duckdb.DuckDBPyConnection, present: set[str]) -> tuple[list
     data: dict[str, None] = {}  # in the order the trials name them
     other: dict[str, None] = {}
     if "trials" in present:
-        for (text,) in con.execute("SELECT CAST(data AS VARCHAR) FROM trials ORDER BY created_at, trial_id").fetchall():
+        for (text,) in con.execute("SELECT CAST(data AS VARCHAR) FROM trials GROUP BY 1 "
+                                   "ORDER BY min(created_at), min(trial_id)").fetchall():
             spec = json.loads(text) if text else {}
             data.update(dict.fromkeys(p for p in spec.get("paths") or [] if os.path.isabs(p)))
             if spec.get("cache_dir") and os.path.isabs(spec["cache_dir"]):
@@ -41,8 +43,8 @@ def shared_name(path: str, here: Path) -> str:
         return Path(path).name or path
 
 
-def describe_files(paths: list[str], names: dict[str, str]) -> list[dict]:
-    """One row per data file found at ``paths`` (a folder's files each, by their name under
+def describe_files(paths: list[str], names: dict[str, str]) -> pa.Table:
+    """The ``data_files`` table: one row per data file found at ``paths`` (a folder's files each, by their name under
     the folder's shared name): its shared name, bytes and sha256. A path that is not on this
     machine gets a row with no size or digest, so the export says it could not vouch for it."""
     rows = []
@@ -55,15 +57,13 @@ def describe_files(paths: list[str], names: dict[str, str]) -> list[dict]:
                 rows.append(_describe(file, f"{names[path]}/{file.relative_to(root).as_posix()}"))
         else:
             rows.append({"name": names[path], "bytes": None, "sha256": None})
-    return rows
+    return pa.Table.from_pylist(rows, schema=_SCHEMA)
 
 
 def _describe(file: Path, name: str) -> dict:
-    digest = hashlib.sha256()
     with open(file, "rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
-    return {"name": name, "bytes": file.stat().st_size, "sha256": digest.hexdigest()}
+        digest = hashlib.file_digest(handle, "sha256").hexdigest()
+    return {"name": name, "bytes": file.stat().st_size, "sha256": digest}
 
 
 def rewrite(column: str, kind: str, names: dict[str, str]) -> str:

@@ -95,9 +95,7 @@ class TrialReads:
                 data, other = portable_paths.store_paths(con, present)
                 here = Path.cwd().resolve()
                 names = {path: portable_paths.shared_name(path, here) for path in data + other}
-                files = pa.Table.from_pylist(portable_paths.describe_files(data, names), schema=pa.schema(
-                    [("name", pa.string()), ("bytes", pa.int64()), ("sha256", pa.string())]))
-                con.register("_data_files", files)
+                con.register("_data_files", portable_paths.describe_files(data, names))
             tables = [name for name in TABLES if name in present] + ([portable_paths.DATA_FILES] if portable else [])
             for table in tables:
                 path = folder / f"{table}.parquet"
