@@ -117,7 +117,7 @@ def test_on_a_terminal_progress_draws_a_bar_and_disabled_prints_nothing():
 
 
 def test_a_memory_size_reads_with_units_and_a_bad_one_names_the_field(tmp_path):
-    from archsearch.space.schema import Execution
+    from archsearch.space.running import Execution
 
     assert Execution(memory="2GiB").memory == 2 * 2**30
     assert Execution(memory="512MB").memory == 512_000_000

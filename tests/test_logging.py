@@ -17,7 +17,7 @@ import archsearch as A
 from archsearch.cli import app
 from archsearch.errors import SpecError
 from archsearch.execute.logs import Loggers, LoggingError, arm_name, path_part, trial_loggers, with_log_to
-from archsearch.space.schema import Logging
+from archsearch.space.running import Logging
 from tests.conftest import TINY_SPACE, tiny_study_text
 
 SHAPES = ("uniform", "cosine", "reverse")
@@ -336,7 +336,7 @@ def test_the_driver_logs_to_tensorboard_without_importing_torch_or_tensorflow(ti
     import subprocess
 
     code = ("import sys, archsearch as A; from archsearch.execute.logs import trial_loggers;"
-            "from archsearch.space.schema import Logging;"
+            "from archsearch.space.running import Logging;"
             f"loggers = trial_loggers(Logging(tensorboard={{'dir': {str(tmp_path)!r}}}), study='tiny');"
             f"trial = A.plan(A.load_study({str(tiny_study)!r}))[0]; loggers.start(trial, trial.to_dict());"
             "loggers.log(trial.trial_id, 'eval', dict(step=1, tokens=64, val_loss=2.0)); loggers.close();"

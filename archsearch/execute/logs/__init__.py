@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 from archsearch.errors import SpecError
 from archsearch.execute.logs._base import KINDS, X_AXIS, Loggers, LoggingError, TrialLogger, arm_name, path_part
-from archsearch.space.schema import Logging
+from archsearch.space.running import Logging
 
 __all__ = ["KINDS", "X_AXIS", "Loggers", "LoggingError", "TrialLogger", "arm_name", "path_part", "trial_loggers",
            "with_log_to"]
