@@ -248,3 +248,33 @@ def test_an_embedded_ray_that_does_not_start_is_one_line_and_leaves_no_folder(mo
     assert "Failed to start the GCS: it did not answer within 30 s; try again when" in str(caught.value)
     assert str(caught.value).endswith("Ray's own messages are in runs/s.duckdb.ray.log")
     assert made and not Path(made[0]).exists()
+
+
+def test_a_killed_trials_local_mirror_is_removed_by_the_next_trial_and_nothing_else_is(tmp_path):
+    from archsearch.execute.task import MIRROR_PREFIX, MIRROR_STALE_S, mirror_folder
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    dead = int(gone.stdout)  # a process that has exited
+    old = time.time() - 2 * MIRROR_STALE_S
+
+    def folder(name: str, *, mtime: float) -> Path:
+        path = tmp_path / name
+        path.mkdir()
+        (path / "step_00000010").mkdir()
+        os.utime(path, (mtime, mtime))
+        return path
+
+    killed = folder(f"{MIRROR_PREFIX}{dead}-abc", mtime=old)
+    fresh = folder(f"{MIRROR_PREFIX}{dead}-def", mtime=time.time())  # its pid may be another namespace's
+    live = folder(f"{MIRROR_PREFIX}{os.getpid()}-ghi", mtime=old)
+    unrelated = folder("archsearch-trial-notapid-x", mtime=old)
+    elsewhere = folder("kept-target", mtime=old)
+    link = tmp_path / f"{MIRROR_PREFIX}{dead}-lnk"
+    link.symlink_to(elsewhere)
+
+    made = Path(mirror_folder(str(tmp_path)))
+
+    assert not killed.exists()
+    assert fresh.is_dir() and live.is_dir() and unrelated.is_dir() and elsewhere.is_dir() and link.is_symlink()
+    assert made.is_dir() and made.parent == tmp_path and made.name.startswith(f"{MIRROR_PREFIX}{os.getpid()}-")

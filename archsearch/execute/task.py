@@ -9,9 +9,18 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
+from pathlib import Path
 
 from archsearch.execute.parallel import data_parallel_ranks
 from archsearch.execute.preflight import use_kernel_settings
+
+# A trial that checkpoints to object storage trains into a local mirror named by its process,
+# so a later trial on the node can remove the mirror of one that was killed before its cleanup.
+MIRROR_PREFIX = "archsearch-trial-"
+# a dead process's mirror is removed only when it has not changed for this long, in case its pid
+# was seen from another PID namespace sharing the folder (a container beside this one)
+MIRROR_STALE_S = 600.0
 
 
 def _trial_task(payload: dict):
@@ -33,7 +42,7 @@ def _trial_task(payload: dict):
     outcome: dict = {}
     location = payload["checkpoint_dir"]
     # Object storage: train into a local folder, mirrored there after each write.
-    local = tempfile.mkdtemp(prefix="archsearch-trial-") if checkpoint.is_uri(location) else None
+    local = mirror_folder() if checkpoint.is_uri(location) else None
     if local is not None:
         checkpoint.pull(location, local)
 
@@ -64,6 +73,43 @@ def _trial_task(payload: dict):
     if "error" in outcome:
         raise outcome["error"]
     yield ("result", outcome["result"])
+
+
+def mirror_folder(root: str | None = None) -> str:
+    """A new local mirror for this process's trial, under ``root`` (the temporary folder), after
+    removing the mirrors that killed trials left there (see `sweep_mirrors`)."""
+    root = root or tempfile.gettempdir()
+    sweep_mirrors(root)
+    return tempfile.mkdtemp(prefix=f"{MIRROR_PREFIX}{os.getpid()}-", dir=root)
+
+
+def sweep_mirrors(root: str) -> list[Path]:
+    """Remove the mirrors under ``root`` that belong to this user, whose process is gone and which
+    have not changed for `MIRROR_STALE_S`: what a trial killed by SIGKILL or preemption leaves
+    (each a full local copy of its checkpoints). Returns the folders removed."""
+    removed = []
+    for folder in Path(root).glob(f"{MIRROR_PREFIX}*-*"):
+        pid = folder.name.removeprefix(MIRROR_PREFIX).split("-", 1)[0]
+        try:
+            info = folder.lstat()
+        except OSError:
+            continue
+        if (not pid.isdigit() or not folder.is_dir() or folder.is_symlink() or info.st_uid != os.getuid()
+                or _alive(int(pid)) or time.time() - info.st_mtime < MIRROR_STALE_S):
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def renice(nice: int) -> None:
