@@ -68,14 +68,9 @@ def _run(study_path: Path, *, store: Path, address, max_parallel, report, progre
     import archsearch as A
     from archsearch.errors import StoreError, StoreFullError
     from archsearch.execute import run_study
-    from archsearch.execute.logs import with_log_to
     from archsearch.execute.process import exit_code, interrupt_on_termination
 
-    study = A.load_study(study_path, overrides=overrides)
-    if log_to:
-        origin = study._origin
-        study = study.model_copy(update={"logging": with_log_to(study.logging, log_to)})
-        study._origin = origin
+    study = _logging_to(A.load_study(study_path, overrides=overrides), log_to)
     if resume:
         if not store.exists():
             raise StoreError(f"no store at {store}; nothing to resume (use `archsearch run {study_path}`)")
@@ -106,6 +101,18 @@ def _run(study_path: Path, *, store: Path, address, max_parallel, report, progre
                     retry=shlex.join([*again, "--retry-failed"]), attempts=study.execution.max_attempts)
 
 
+def _logging_to(study, log_to: list[str]):
+    """``study`` with each ``--log-to`` added to its logging: section (its origin kept for messages)."""
+    from archsearch.execute.logs import with_log_to
+
+    if not log_to:
+        return study
+    origin = study._origin
+    study = study.model_copy(update={"logging": with_log_to(study.logging, log_to)})
+    study._origin = origin
+    return study
+
+
 JobAddressOpt = Annotated[Optional[str], typer.Option(
     "--address", envvar="RAY_API_SERVER_ADDRESS", help="the cluster's Ray job server, http://HOST:8265")]
 LOG_TAIL = 20
@@ -118,12 +125,13 @@ def submit(study: StudyArg, address: Annotated[str, typer.Option(
                                                              "(relative: to the home folder there)")] = DEFAULT_STORE,
            wait: Annotated[bool, typer.Option("--wait", help="follow the job's log to its end; exit 1 if it "
                                                             "failed")] = False,
-           overrides: SetOpt = None):
+           overrides: SetOpt = None, log_to: LogToOpt = None):
     """Send the study to a Ray cluster as a Ray job; prints the job id."""
     import archsearch as A
     from archsearch.execute import jobs
 
-    job_id = jobs.submit_study(A.load_study(study, overrides=overrides or ()), address=address, store=str(store))
+    job_id = jobs.submit_study(_logging_to(A.load_study(study, overrides=overrides or ()), log_to or []),
+                               address=address, store=str(store))
     typer.echo(job_id)
     if not wait:
         typer.echo(f"follow it with: archsearch status --job {job_id} --address {address}", err=True)

@@ -211,3 +211,27 @@ def test_job_commands_fail_in_one_line(args, message, job_study, monkeypatch):
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2 and result.output.startswith(message), result.output
     assert result.output.count("\n") == 1
+
+
+def test_submit_log_to_travels_in_the_staged_study(job_study, tmp_path, monkeypatch):
+    """`submit --log-to` adds the tracker to the study the job runs, as `run --log-to` does."""
+    from typer.testing import CliRunner
+
+    from archsearch.cli import app
+    from archsearch.execute import jobs
+    from archsearch.execute.jobs import STUDY_FILE, _staged
+
+    sent = []
+
+    def staged_study(study, *, address, store):
+        with _staged(study) as folder:
+            sent.append(A.load_study(shutil.move(str(folder), tmp_path / "job") / STUDY_FILE))
+        return "archsearch-job-1"
+
+    monkeypatch.setattr(jobs, "submit_study", staged_study)
+    result = CliRunner().invoke(app, ["submit", str(job_study), "--address", "http://head:8265",
+                                      "--log-to", "tensorboard=tb", "--log-to", "mlflow"])
+    assert result.exit_code == 0, result.output
+    (study,) = sent
+    assert study.logging.tensorboard.dir == "tb" and study.logging.mlflow is not None
+    assert study.logging.wandb is None
