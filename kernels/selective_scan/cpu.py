@@ -14,8 +14,10 @@ compiler can vectorise (Cephes' expf: 2^k times a degree-6 polynomial, relative 
 A skipped token (a looped model's exited one) arrives with delta = 0: exp(0) is exactly 1 here
 too and it writes nothing, so the state passes through unchanged, with no special case.
 
-Backward, per (batch, channel): the forward is rerun into a [T + 1, N] scratch of states (64 KiB
-at T = 512, so it stays in cache), then walked backward carrying dh:
+Backward, per (batch, channel): the forward is rerun into a [T + 1, N] scratch of states and a
+[T, N] one of the decays a_t (32 KiB each at T = 512, N = 16, so they stay in cache), then walked
+backward carrying dh, reading each a_t rather than taking its exp again (0.83x the backward's
+time at B 8, E 224, T 256, N 16):
 
     h_t = a_t h_{t-1} + delta_t u_t B_t,   a_t = exp(delta_t A),   y_t = <h_t, C_t>
     dh_t += dy_t C_t;   dC_t += dy_t h_t;   dB_t += dh_t delta_t u_t
@@ -53,16 +55,21 @@ namespace {
 
 using archsearch_cpu::exp_lane;
 
-// the forward of one (batch, channel) from hs[0] = h0, keeping every state: hs[t + 1] = h_t
-void rerun(float* hs, const float* u, int64_t su, const float* delta, int64_t sd, const float* A,
+// the forward of one (batch, channel) from hs[0] = h0, keeping every state, hs[t + 1] = h_t, and
+// every decay, as[t] = exp(delta_t A), which the walk back reads instead of computing it again
+void rerun(float* hs, float* as, const float* u, int64_t su, const float* delta, int64_t sd, const float* A,
            const float* Bm, int64_t sBt, int64_t steps, int64_t N) {
   for (int64_t t = 0; t < steps; ++t) {
     const float dt = delta[t * sd], dtu = dt * u[t * su];
     const float* B_t = Bm + t * sBt;
     const float* prev = hs + t * N;
-    float* next = hs + (t + 1) * N;
+    float *next = hs + (t + 1) * N, *a_t = as + t * N;
 #pragma omp simd
-    for (int64_t n = 0; n < N; ++n) next[n] = exp_lane(dt * A[n]) * prev[n] + dtu * B_t[n];
+    for (int64_t n = 0; n < N; ++n) {
+      const float a = exp_lane(dt * A[n]);
+      a_t[n] = a;
+      next[n] = a * prev[n] + dtu * B_t[n];
+    }
   }
 }
 
@@ -151,8 +158,8 @@ std::vector<at::Tensor> scan_backward(at::Tensor u, at::Tensor delta, at::Tensor
   float *du_p = du.data_ptr<float>(), *dd_p = ddelta.data_ptr<float>(), *dh0_p = dh0.data_ptr<float>();
   float *dA_p = dA_part.data_ptr<float>(), *dBp = dB_part.data_ptr<float>(), *dCp = dC_part.data_ptr<float>();
   at::parallel_for(0, batch * blocks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scratch((steps + 1) * N), carry(N), grad_A(N);
-    float *hs = scratch.data(), *g = carry.data(), *gA = grad_A.data();
+    std::vector<float> scratch((steps + 1) * N), decays(steps * N), carry(N), grad_A(N);
+    float *hs = scratch.data(), *as = decays.data(), *g = carry.data(), *gA = grad_A.data();
     for (int64_t bk = begin; bk < end; ++bk) {
       const int64_t b = bk / blocks, block = bk % blocks;
       float *dB_blk = dBp + bk * steps * N, *dC_blk = dCp + bk * steps * N;
@@ -164,18 +171,18 @@ std::vector<at::Tensor> scan_backward(at::Tensor u, at::Tensor delta, at::Tensor
         float *du_be = du_p + sdu.at(b, e), *dd_be = dd_p + sdd.at(b, e);
         // rerun the forward, keeping every state: hs[t + 1] = h_t, hs[0] = h0
         std::memcpy(hs, h0_p + be * N, N * sizeof(float));
-        rerun(hs, u_be, su.t, d_be, sd.t, A_e, B_p + b * sBb, sBt, steps, N);
+        rerun(hs, as, u_be, su.t, d_be, sd.t, A_e, B_p + b * sBb, sBt, steps, N);
         std::memcpy(g, dlast_p + be * N, N * sizeof(float));
         std::memset(gA, 0, N * sizeof(float));
         for (int64_t t = steps - 1; t >= 0; --t) {
           const float dt = d_be[t * sd.t], ut = u_be[t * su.t], gy = dy_be[t * sg.t];
           const float *B_t = B_p + b * sBb + t * sBt, *C_t = C_p + b * sCb + t * sCt;
-          const float *h_t = hs + (t + 1) * N, *prev = hs + t * N;
+          const float *h_t = hs + (t + 1) * N, *prev = hs + t * N, *a_t = as + t * N;
           float *dB_t = dB_blk + t * N, *dC_t = dC_blk + t * N;
           float decay_part = 0.0f, input_part = 0.0f;
 #pragma omp simd reduction(+ : decay_part, input_part)
           for (int64_t n = 0; n < N; ++n) {
-            const float a = exp_lane(dt * A_e[n]);
+            const float a = a_t[n];
             const float gn = g[n] + gy * C_t[n];         // dL/dh_t
             dC_t[n] += gy * h_t[n];
             const float da = gn * prev[n] * a;          // dL/d(delta_t A) through a_t
