@@ -87,6 +87,19 @@ def test_the_verdict_rule(claim, diff, low, high, p_holm, effect, expected):
     assert tool.verdict(row(diff, low, high, p_holm), claim=None, effect=effect) == "—"
 
 
+@pytest.mark.parametrize("text, label, expected", [
+    (None, "cosine", None),
+    ("0.03", "linear", 0.03),  # one size for every arm
+    ("cosine:0.03,step_late:0.015", "cosine", 0.03),
+    ("cosine:0.03,step_late:0.015", "step_late", 0.015),
+    ("cosine:0.03,step_late:0.015", "linear", None),  # an arm the page gives no size for
+    ("cosine:0.03", "family=x cosine", 0.03),  # a word of the label
+])
+def test_the_papers_effect_is_one_size_or_one_per_arm(text, label, expected):
+    options = {} if text is None else {"effect": text}
+    assert load_tool().effect_of(label, options) == expected
+
+
 def write_results(folder: Path, trials: list[dict], profiles: list[dict]):
     """A Parquet export of a store with ``trials`` of study ``s`` and their ``layer_profiles`` rows."""
     import json

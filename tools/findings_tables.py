@@ -25,7 +25,9 @@ Kinds of table (both take ``families=a,b`` to keep only those families' trials, 
   claim about: ``lower``/``higher`` name the arms (a word of their label,
   or ``*`` for all) the paper says beat or lose to the baseline on the metric
   (lower is better for a loss); ``effect`` the size of the paper's effect in
-  the metric's units, where the page can state it; ``pool=true`` tests over every budget
+  the metric's units, where the page can state it: ``effect=e`` for every arm, or
+  ``effect=cosine:0.03,step_late:0.015`` per arm (a word of its label; an arm not named
+  has none); ``pool=true`` tests over every budget
   target at once (``compare --pool``: a protocol's baselines are matched to their arm's
   parameters, not the study's target).
 
@@ -208,6 +210,22 @@ def claim_of(label: str, options: dict) -> str | None:
     return None
 
 
+def effect_of(label: str, options: dict) -> float | None:
+    """The paper's effect size for the arm ``label``: ``effect=e`` for every arm, or
+    ``effect=word:e,word2:e2`` per arm (a word of its label); None where the page states none."""
+    text = options.get("effect")
+    if text is None:
+        return None
+    if ":" not in text:
+        return float(text)
+    words = label.split()
+    for part in text.split(","):
+        word, _, value = part.partition(":")
+        if word == label or word in words:
+            return float(value)
+    return None
+
+
 def compare_table(page: str, options: dict) -> list[str]:
     from archsearch import analysis
 
@@ -216,7 +234,6 @@ def compare_table(page: str, options: dict) -> list[str]:
                      where=options.get("where"), metrics=(metric,))
     result = analysis.compare_arms(data, baseline=options["baseline"], by=options.get("by"),
                                    within=options.get("within"), metric=metric, pool=options.get("pool") == "true")
-    effect = float(options["effect"]) if "effect" in options else None
     grouped = bool(result.within)
     head = (["group"] if grouped else []) + [
         "arm", "seeds", f"minus {result.baseline} (mean ± 95%)", "seeds lower", "paired t p", "sign-flip p",
@@ -228,7 +245,7 @@ def compare_table(page: str, options: dict) -> list[str]:
         cells = ([row.group] if grouped else []) + [
             row.arm, str(row.n), f"{row.difference:+.4f} ± {half:.4f}",
             f"{row.below}/{row.pairs}" if row.paired else "unpaired", _p(row.p_value), _p(row.p_permutation),
-            _p(row.p_holm), claim or "—", verdict(row, claim=claim, effect=effect)]
+            _p(row.p_holm), claim or "—", verdict(row, claim=claim, effect=effect_of(row.arm, options))]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
