@@ -6,7 +6,7 @@
 The interpreter the tests use checks the maths but not what a GPU refuses: more shared
 memory than a block may have, or registers spilled to the stack. This lowers each kernel
 with the launch settings the wrapper uses (`_sizes`, `LAUNCH`, `_precision` of
-kernels/gated_delta/chunked_kernel.py) through triton.compile and the ptxas that ships with
+archsearch_kernels/gated_delta/chunked_kernel.py) through triton.compile and the ptxas that ships with
 triton, reads the cubin's resource use with cuobjdump, prints one line per kernel and exits 1
 if any kernel wants more shared memory than --shared-kb. Needs triton, no GPU. Run it without
 TRITON_INTERPRET (the script unsets it for itself).

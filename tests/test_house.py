@@ -12,15 +12,16 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-# the import name of each top-level folder (setup.py maps the last two)
-PACKAGE_OF = {"archsearch": "archsearch", "kernels": "archsearch_kernels", "dashboards": "archsearch_dashboards"}
+# the top-level packages: each folder is its import name
+PACKAGES = ("archsearch", "archsearch_kernels", "archsearch_dashboards")
 
 
 def module_name(path: Path) -> str:
-    """The dotted import name of a file under ROOT: kernels/gated_delta/naive.py ->
+    """The dotted import name of a file under ROOT: archsearch_kernels/gated_delta/naive.py ->
     archsearch_kernels.gated_delta.naive; a package's __init__.py names the package."""
     folder, *rest = path.relative_to(ROOT).with_suffix("").parts
-    parts = [PACKAGE_OF[folder], *rest]
+    assert folder in PACKAGES, path
+    parts = [folder, *rest]
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -64,7 +65,7 @@ def test_the_import_helper_sees_full_dotted_and_relative_imports():
     assert "torch" in imported_modules("def f():\n    import torch.nn.functional as F\n", "archsearch.space.x")
     assert "archsearch.cli" not in imported_modules("import archsearch.client", "archsearch.planner")
     assert module_name(ROOT / "archsearch/store/duck.py") == "archsearch.store.duck"
-    assert module_name(ROOT / "kernels/gated_delta/__init__.py") == "archsearch_kernels.gated_delta"
+    assert module_name(ROOT / "archsearch_kernels/gated_delta/__init__.py") == "archsearch_kernels.gated_delta"
 
 
 FORBIDDEN = {
@@ -74,8 +75,16 @@ FORBIDDEN = {
     "archsearch/arch": {"ray", "optuna", "duckdb", "triton"},
     "archsearch/train": {"ray", "optuna", "duckdb", "triton"},
     "archsearch/data": {"ray", "optuna", "duckdb", "triton"},
-    "kernels": {"ray", "optuna", "duckdb"},
+    "archsearch_kernels": {"ray", "optuna", "duckdb"},
 }
+
+
+def test_every_package_at_the_top_is_named_archsearch_something():
+    """The checkout's root is on sys.path under pytest and `python -m`, so a top-level package
+    there hides any installed one of the same name: a `kernels/` folder once hid Hugging Face's
+    `kernels`, which transformers imports. Only the test suite's own package may go unprefixed."""
+    packages = {path.parent.name for path in ROOT.glob("*/__init__.py")}
+    assert packages - {"tests"} == set(PACKAGES)
 
 
 @pytest.mark.parametrize("package", list(FORBIDDEN))
@@ -85,14 +94,14 @@ def test_forbidden_imports(package):
 
 
 def test_triton_is_imported_only_under_kernels_and_only_by_kernel_files():
-    """triton is an optional extra: nothing outside kernels/ names it, and inside kernels/ only
+    """triton is an optional extra: nothing outside archsearch_kernels/ names it, and inside archsearch_kernels/ only
     the kernel files do (kernel.py; chunked_kernel.py where an op has a second kernel; each
     package's __init__ imports them on first use)."""
-    for folder in ("archsearch", "dashboards", "kernels"):
+    for folder in PACKAGES:
         for path, names in imports_of(ROOT / folder).items():
             if "triton" in names:
                 rel = path.relative_to(ROOT)
-                assert rel.parts[0] == "kernels" and path.name.endswith("kernel.py"), rel
+                assert rel.parts[0] == "archsearch_kernels" and path.name.endswith("kernel.py"), rel
 
 
 def test_models_build_and_kernels_dispatch_without_loading_triton():
@@ -105,7 +114,7 @@ def test_models_build_and_kernels_dispatch_without_loading_triton():
 
 
 def test_nothing_imports_the_cli():
-    for folder in ("archsearch", "dashboards", "kernels"):
+    for folder in PACKAGES:
         for path, names in imports_of(ROOT / folder).items():
             if path != ROOT / "archsearch" / "cli.py":
                 assert "archsearch.cli" not in names, path

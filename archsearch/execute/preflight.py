@@ -47,7 +47,7 @@ def preflight_kernels(study_name: str, db, specs: Iterable[ArchSpec] | None, *, 
 
 
 def cpu_builds_missing(specs: Iterable[ArchSpec] | None, *, address: str | None) -> list[str]:
-    """The C++ CPU extensions (kernels/cpu_build.py) a local CPU run's trials need that this
+    """The C++ CPU extensions (archsearch_kernels/cpu_build.py) a local CPU run's trials need that this
     Python environment has not built yet, told without importing torch: "elementwise" (every
     model's RMSNorm), for Mamba's scan "selective_scan" and for Mamba-2's "ssd" (every one when
     `specs` is None, as for a sampled search). None on a cluster (its nodes build their own) or where the kernels

@@ -22,7 +22,7 @@ Llama (prefix ``model.layers.i.``)
     mlp_norm.weight                -> post_attention_layernorm.weight
     mlp.gate_up.weight [2F, D]     -> mlp.gate_proj.weight rows [0:F], mlp.up_proj.weight rows [F:2F]
     mlp.down.weight                -> mlp.down_proj.weight
-  Rotary: archsearch rotates the half-split pairs (x[:K/2], x[K/2:]) (kernels/rope/naive.py), and
+  Rotary: archsearch rotates the half-split pairs (x[:K/2], x[K/2:]) (archsearch_kernels/rope/naive.py), and
   Llama's ``rotate_half`` is cat(-x2, x1) over the same halves with inv_freq = theta^(-2i/K):
   the same rotation, so q and k rows move unpermuted (the permutation other converters apply
   is for Meta's interleaved checkpoints, which archsearch never makes).

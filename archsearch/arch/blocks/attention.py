@@ -38,7 +38,7 @@ class Attention(nn.Module):
         token's keys and values as they were at its exit loop."""
         B, T, D = x_BTD.shape
         # rotary q and k in the projection's own layout: one C++ pass each way on a CPU
-        # (kernels/rope), the reference's few passes elsewhere
+        # (archsearch_kernels/rope), the reference's few passes elsewhere
         cos_TK, sin_TK = rope_tables(T, self.head_dim, self.theta, x_BTD.device)
         q_BHTK, k_BHTK, v_BHTK = rope_heads(self.wqkv(x_BTD), self.num_heads, cos_TK, sin_TK)
         if cache is not None:

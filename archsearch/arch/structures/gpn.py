@@ -72,7 +72,7 @@ class Gate(nn.Module):
 class MemoryWrite(nn.Module):
     """One gated-delta-rule write per token into M [B, H, K, W] (fp32).
 
-    Unlike Gated DeltaNet (kernels/gated_delta), the recalled value is read from
+    Unlike Gated DeltaNet (archsearch_kernels/gated_delta), the recalled value is read from
     the *undecayed* memory, as in the paper's code:
     ``M_t = a M_{t-1} + beta k (v - M_{t-1}^T k)^T``.
     """

@@ -8,7 +8,7 @@ selective scan and Mamba-2's SSD scan have their own (selective_scan/cpu.py, ssd
 
 Compiling goes through torch.utils.cpp_extension.load_inline (g++ and ninja) into torch's
 extension cache, under a name and folder that carry everything the build depends on
-(kernels/cpu_cache.py): each Python environment builds once, a second process that needs the same
+(archsearch_kernels/cpu_cache.py): each Python environment builds once, a second process that needs the same
 build meanwhile waits for the first, and every build says before it starts what it compiles and
 about how long it takes. `build_all` (``archsearch kernels build``) builds them ahead of use.
 Before first use each op's part is checked against its PyTorch reference on small odd shapes. An

@@ -26,10 +26,10 @@ B and C are shared by a group's heads, so each head writes its own dB, dC [B, T,
 sums a group's heads (and dA over the batch), which keeps the result independent of scheduling.
 The skip D x stays in PyTorch around the kernel, differentiated by autograd.
 
-Building: `SSD` (kernels/cpu_build.py) compiles the source below on first use, once per Python
+Building: `SSD` (archsearch_kernels/cpu_build.py) compiles the source below on first use, once per Python
 environment, and checks it against the reference on small odd shapes. If it does not compile or
 does not agree, `available()` is False, the reason is in `build_error()`, and dispatch falls back
-to the chunked PyTorch form (kernels/dispatch.py).
+to the chunked PyTorch form (archsearch_kernels/dispatch.py).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ The weight's gradient is summed per block of 64 rows into its own partial row, a
 the blocks, so the result does not depend on how the rows were spread over threads. 3.5x (d 128)
 to 5.7x (d 512) faster forward and backward than F.rms_norm at a training step's [8 * 256, D]
 (benchmarks/bench_cpu_kernels.py, docs/performance.md). Built as part of `ELEMENTWISE`
-(kernels/cpu_build.py).
+(archsearch_kernels/cpu_build.py).
 """
 
 from __future__ import annotations

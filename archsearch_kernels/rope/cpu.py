@@ -11,7 +11,7 @@ gradient. PyTorch's path builds the rotation from slices, products and a concate
 backward adds the slices' gradients into a zero-filled projection gradient, about a dozen passes
 in all; this is two, and it saves only the tables. 3.6x faster forward and backward at d 128
 and 3.1x at d 512 (benchmarks/bench_cpu_kernels.py, docs/performance.md). Built as part of
-`ELEMENTWISE` (kernels/cpu_build.py).
+`ELEMENTWISE` (archsearch_kernels/cpu_build.py).
 """
 
 from __future__ import annotations

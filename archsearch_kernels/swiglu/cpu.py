@@ -9,7 +9,7 @@ When gate and up are the two halves of one [..., 2F] tensor, as the fused gate_u
 ``chunk(2, -1)`` makes them, the kernel reads that tensor in place and writes the gradient of
 the whole [..., 2F] tensor in one buffer (layout.py), so autograd's concatenation of the
 halves' gradients (one more pass over 2F) never runs. PyTorch's path (F.silu(gate) * up) takes five passes and
-saves silu(gate) as well. Built as part of `ELEMENTWISE` (kernels/cpu_build.py).
+saves silu(gate) as well. Built as part of `ELEMENTWISE` (archsearch_kernels/cpu_build.py).
 """
 
 from __future__ import annotations

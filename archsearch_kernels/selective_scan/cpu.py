@@ -31,10 +31,10 @@ the result independent of how the work was scheduled.
 Delta's bias and softplus, the skip D u and the gate silu(z) are [B, E, T] elementwise work and
 stay in PyTorch around the kernel, differentiated by autograd.
 
-Building: `SCAN` (kernels/cpu_build.py) compiles the source below on first use (about a minute),
+Building: `SCAN` (archsearch_kernels/cpu_build.py) compiles the source below on first use (about a minute),
 once per machine, and checks it against the reference on small odd shapes. If it does not
 compile or does not agree, `available()` is False, the reason is in `build_error()`, and
-dispatch falls back to the chunked PyTorch form (kernels/dispatch.py).
+dispatch falls back to the chunked PyTorch form (archsearch_kernels/dispatch.py).
 """
 
 from __future__ import annotations

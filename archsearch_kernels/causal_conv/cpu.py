@@ -17,7 +17,7 @@ Backward, two passes: dz = dy silu'(z) with z recomputed from x; then
 
 with dw and dbias summed per block of 64 steps of one sequence into partial rows that torch
 adds, so the result does not depend on the threads' schedule. Built as part of `ELEMENTWISE`
-(kernels/cpu_build.py).
+(archsearch_kernels/cpu_build.py).
 """
 
 from __future__ import annotations
