@@ -170,8 +170,8 @@ def test_joining_a_token_cluster_without_the_token_is_one_line_and_ray_keeps_its
 
 def test_the_staged_job_folder_holds_a_study_that_plans_the_same_trials_alone(job_study, tmp_path):
     """What travels: one self-contained study file (space inlined, --set
-    applied), its corpus copied in, and this code; loaded from there alone
-    it plans the same models."""
+    applied), its corpus copied in, and this code with its kernels; loaded
+    from there alone it plans the same models."""
     from archsearch.execute.jobs import STUDY_FILE, _staged
 
     study = A.load_study(job_study, overrides=["recipe.steps=3"])
@@ -183,6 +183,7 @@ def test_the_staged_job_folder_holds_a_study_that_plans_the_same_trials_alone(jo
     assert sorted(p.name for p in (Path(moved) / "data" / "0-corpus").iterdir()) == \
         sorted(p.name for p in Path(study.data.paths[0]).iterdir())
     assert (Path(moved) / "archsearch" / "cli.py").exists() and not list(Path(moved).rglob("__pycache__"))
+    assert (Path(moved) / "archsearch_kernels" / "dispatch.py").exists()  # the models' ops travel too
 
 
 @pytest.mark.parametrize(("store", "expected"), [

@@ -95,6 +95,7 @@ def follow(address: str, job_id: str, *, echo: Callable[[str], None]) -> tuple[s
 def _staged(study: Study) -> Iterator[Path]:
     """The job's working directory, removed once Ray has uploaded it."""
     import archsearch
+    import archsearch_kernels
     from archsearch.execute.driver import _storage
 
     folder = Path(tempfile.mkdtemp(prefix="archsearch-job-"))
@@ -110,8 +111,10 @@ def _staged(study: Study) -> Iterator[Path]:
                              for index, source in enumerate(data["paths"])]
         data.pop("cache_dir", None)  # a folder of this machine
         (folder / STUDY_FILE).write_text(yaml.safe_dump(config, sort_keys=False))
-        code = Path(archsearch.__file__).parent
-        shutil.copytree(code, folder / "archsearch", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        # the code a trial runs (its models' ops among it), for a cluster without archsearch installed
+        for package in (archsearch, archsearch_kernels):
+            shutil.copytree(Path(package.__file__).parent, folder / package.__name__,
+                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         try:  # the report of `run`; a cluster without archsearch installed lacks it otherwise
             import archsearch_dashboards
 
