@@ -15,7 +15,8 @@ kernels_app = typer.Typer(help="The C++ CPU kernels: build them ahead of the fir
 @kernels_app.command("build")
 @user_errors
 def build(only: Annotated[Optional[str], typer.Option(
-              "--only", help="comma-separated extensions to build (default: all): elementwise, selective_scan, ssd")]
+              "--only", help="comma-separated extensions to build (default: all): elementwise, selective_scan, ssd, "
+                          "gated_delta")]
           = None):
     """Build (or load) the C++ CPU kernels for this Python environment, check each against its
     reference and say where each build lives. A run builds what its trials need before they start;

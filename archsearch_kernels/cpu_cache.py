@@ -36,9 +36,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 # every C++ extension, by what its ops are (for the lines that announce a build)
 EXTENSIONS = {"elementwise": "RMSNorm, SwiGLU, rotary heads, causal conv", "selective_scan": "Mamba's scan",
-              "ssd": "Mamba-2's SSD scan"}
+              "ssd": "Mamba-2's SSD scan", "gated_delta": "Gated DeltaNet's delta rule"}
 # each extension's expected build time where none was measured here yet (2 idle cores, seconds)
-FIRST_GUESS_S = {"elementwise": 40, "selective_scan": 40, "ssd": 40}
+FIRST_GUESS_S = {"elementwise": 40, "selective_scan": 40, "ssd": 40, "gated_delta": 40}
 TIMES_FILE = "build_times.json"  # in the cache's archsearch folder: how long each extension's last build took
 
 

@@ -4,8 +4,8 @@ One setting, the environment variable ``ARCHSEARCH_KERNELS``:
 
     auto       (default) Triton when the tensors are on CUDA and triton is installed; on CPU
                tensors the C++ kernel of an op that has one (`CPU_KERNELS`: the selective
-               scan, RMSNorm, SwiGLU, the rotary q, k, v heads and the short causal conv,
-               each ``cpu.py``) when it builds here and passes its check, else PyTorch
+               scan, the SSD scan, the gated delta rule, RMSNorm, SwiGLU, the rotary q, k, v
+               heads and the short causal conv, each ``cpu.py``) when it builds here and passes its check, else PyTorch
     triton     always Triton (on a CPU only under TRITON_INTERPRET=1, for tests)
     cpp        the C++ kernel on CPU tensors for an op that has one, an error if it does not
                build; everything else as under auto
@@ -43,6 +43,7 @@ from torch import nn
 
 from .causal_conv import causal_conv1d_cpu, causal_conv1d_naive
 from .causal_conv import cpu as causal_conv1d_cpu_kernel
+from .gated_delta import cpu as gated_delta_cpu_kernel
 from .gated_delta import (
     gated_delta_rule_chunked,
     gated_delta_rule_chunked_triton,
@@ -72,7 +73,8 @@ CHUNKED_FROM = 64
 # rope_heads and causal_conv1d have no Triton kernel (on CUDA their references run)
 CPU_KERNELS = {"selective_scan": selective_scan_cpu_kernel, "rms_norm": rms_norm_cpu_kernel,
                "swiglu": swiglu_cpu_kernel, "rope_heads": rope_heads_cpu_kernel,
-               "causal_conv1d": causal_conv1d_cpu_kernel, "ssd": ssd_cpu_kernel}
+               "causal_conv1d": causal_conv1d_cpu_kernel, "ssd": ssd_cpu_kernel,
+               "gated_delta_rule": gated_delta_cpu_kernel}
 MODE_VAR, DISABLE_VAR = "ARCHSEARCH_KERNELS", "ARCHSEARCH_KERNELS_DISABLE"
 
 
@@ -196,6 +198,9 @@ def gated_delta_rule(*args, **kwargs):
         return gated_delta_rule_chunked_triton(*args, **kwargs)
     if use_triton("gated_delta_rule", q.device):
         return gated_delta_rule_triton(*args, **kwargs)
+    k, v = (args[i] if len(args) > i else kwargs[name] for i, name in ((1, "k"), (2, "v")))
+    if _cpp_takes("gated_delta_rule", q, k, v):
+        return gated_delta_cpu_kernel.gated_delta_rule_cpu(*args, **kwargs)
     return gated_delta_rule_chunked(*args, **kwargs)
 
 

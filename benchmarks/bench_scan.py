@@ -1,4 +1,4 @@
-"""Time the reference loops against the chunked forms of the three scan ops, on CPU.
+"""Time the reference loops against the chunked forms and C++ kernels of the three scan ops, on CPU.
 
     python benchmarks/bench_scan.py                       # T=512, the sizes in docs/performance.md
     python benchmarks/bench_scan.py --seq-len 2048 --repeats 3
@@ -6,9 +6,9 @@
 
 Prints one row per (op, pass): median milliseconds of each form over --repeats runs after
 one warm-up (the forms timed alternately), and the speed-up naive / chunked measured in
-the same run. The selective scan also times its C++ CPU kernel (selective_scan/cpu.py, built
-on first use) in the same rounds and prints its time and speed-up over the loop beside the
-chunked form's; "-" where it does not build here.
+the same run. Each op also times its C++ CPU kernel (its cpu.py, built on first use) in the
+same rounds and prints its time and speed-up over the loop beside the chunked form's; "-"
+where it does not build here.
 
 Dimensions: B batch, T time, E inner channels, N state size, H heads, K/V head dims,
 P SSD head dim, G SSD groups.
@@ -27,15 +27,17 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from archsearch_kernels.gated_delta import cpu as gated_delta_cpu
 from archsearch_kernels.gated_delta import (
     gated_delta_rule_chunked,
     gated_delta_rule_naive,
 )
+from archsearch_kernels.selective_scan import cpu as selective_scan_cpu
 from archsearch_kernels.selective_scan import (
-    cpu,
     selective_scan_chunked,
     selective_scan_naive,
 )
+from archsearch_kernels.ssd import cpu as ssd_cpu
 from archsearch_kernels.ssd import ssd_chunked, ssd_naive
 
 
@@ -146,13 +148,19 @@ def main() -> None:
     )
 
     wanted = args.ops.split(",")
+
+    def compiled(name: str, module, form: str):
+        """The op's C++ form where it is timed and builds here (built on first use), else None."""
+        return getattr(module, form) if name in wanted and module.available() else None
+
     # (name, reference loop, chunked form, compiled form or None, inputs, keywords)
     ops = [
         ("selective_scan", selective_scan_naive, selective_scan_chunked,
-         cpu.selective_scan_cpu if "selective_scan" in wanted and cpu.available() else None,
-         mamba_inputs(args), {"delta_softplus": True}),
-        ("gated_delta", gated_delta_rule_naive, gated_delta_rule_chunked, None, gdn_inputs(args), {}),
-        ("ssd", ssd_naive, ssd_chunked, None, ssd_inputs(args), {}),
+         compiled("selective_scan", selective_scan_cpu, "selective_scan_cpu"), mamba_inputs(args),
+         {"delta_softplus": True}),
+        ("gated_delta", gated_delta_rule_naive, gated_delta_rule_chunked,
+         compiled("gated_delta", gated_delta_cpu, "gated_delta_rule_cpu"), gdn_inputs(args), {}),
+        ("ssd", ssd_naive, ssd_chunked, compiled("ssd", ssd_cpu, "ssd_cpu"), ssd_inputs(args), {}),
     ]
     chunking = {} if args.chunk_size is None else {"chunk_size": args.chunk_size}
     print(f"{'op':<16}{'pass':<14}{'naive ms':>10}{'chunked ms':>12}{'speed-up':>10}{'cpp ms':>10}{'speed-up':>10}")

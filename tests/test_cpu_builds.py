@@ -79,7 +79,9 @@ def test_a_run_builds_ahead_what_its_trials_need_and_nothing_once_built(cache):
     assert preflight.cpu_builds_missing([spec("attention")], address=None) == ["elementwise"]
     assert preflight.cpu_builds_missing([spec("mamba")], address=None) == ["elementwise", "selective_scan"]
     assert preflight.cpu_builds_missing([spec("mamba2")], address=None) == ["elementwise", "ssd"]
-    assert preflight.cpu_builds_missing(None, address=None) == ["elementwise", "selective_scan", "ssd"]  # sampled
+    assert preflight.cpu_builds_missing([spec("gated_deltanet")], address=None) == ["elementwise", "gated_delta"]
+    assert preflight.cpu_builds_missing(None, address=None) == ["elementwise", "selective_scan", "ssd",
+                                                                "gated_delta"]  # sampled
     fake_build("elementwise")
     assert preflight.cpu_builds_missing([spec("attention")], address=None) == []
     assert preflight.cpu_builds_missing([spec("mamba")], address=None) == ["selective_scan"]

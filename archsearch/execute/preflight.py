@@ -46,11 +46,15 @@ def preflight_kernels(study_name: str, db, specs: Iterable[ArchSpec] | None, *, 
     return failures
 
 
+# the dispatched op of each scan's C++ extension (cpu_cache.EXTENSIONS)
+SCAN_EXTENSIONS = {"selective_scan": "selective_scan", "ssd": "ssd", "gated_delta_rule": "gated_delta"}
+
+
 def cpu_builds_missing(specs: Iterable[ArchSpec] | None, *, address: str | None) -> list[str]:
     """The C++ CPU extensions (archsearch_kernels/cpu_build.py) a local CPU run's trials need that this
     Python environment has not built yet, told without importing torch: "elementwise" (every
-    model's RMSNorm), for Mamba's scan "selective_scan" and for Mamba-2's "ssd" (every one when
-    `specs` is None, as for a sampled search). None on a cluster (its nodes build their own) or where the kernels
+    model's RMSNorm), for Mamba's scan "selective_scan", for Mamba-2's "ssd" and for Gated DeltaNet's
+    "gated_delta" (every one when `specs` is None, as for a sampled search). None on a cluster (its nodes build their own) or where the kernels
     would not run (a CUDA torch, ARCHSEARCH_KERNELS=reference or triton)."""
     from archsearch_kernels.cpu_cache import is_built
 
@@ -59,7 +63,7 @@ def cpu_builds_missing(specs: Iterable[ArchSpec] | None, *, address: str | None)
         return []
     needed = ["elementwise"]
     used = kernels_used(specs) if specs is not None else None
-    needed += [op for op in ("selective_scan", "ssd") if used is None or op in used]
+    needed += [extension for op, extension in SCAN_EXTENSIONS.items() if used is None or op in used]
     return [name for name in needed if not is_built(name)]
 
 

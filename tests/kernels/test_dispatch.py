@@ -118,7 +118,8 @@ def test_gated_delta_rule_takes_the_chunked_kernel_on_long_sequences(monkeypatch
 
     def taken(seq_len: int) -> str:
         calls.clear()
-        dispatch.gated_delta_rule(torch.zeros(1, seq_len, 1, 4), None, None, None, None)
+        qkv = torch.zeros(1, seq_len, 1, 4)
+        dispatch.gated_delta_rule(qkv, qkv, qkv, None, None)
         return calls[0]
 
     monkeypatch.setenv(dispatch.MODE_VAR, "triton")
