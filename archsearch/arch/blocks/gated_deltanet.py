@@ -41,8 +41,8 @@ from archsearch.arch.blocks.gated_deltanet_counts import (  # the formulas, besi
 from archsearch.arch.blocks.mamba import causal_conv, inverse_softplus_dt
 from archsearch.arch.spec import ArchSpec, LayerSpec
 
-# "chunked": the Triton kernels on CUDA (chunked from 64 steps on, recurrent below), the chunked
-# PyTorch form elsewhere (archsearch_kernels.dispatch)
+# "chunked": the Triton kernels on CUDA (chunked from 64 steps on, recurrent below), the C++ loop
+# on float32 CPU tensors, the chunked PyTorch form elsewhere (archsearch_kernels.dispatch)
 RULES = {"chunked": gated_delta_rule, "naive": gated_delta_rule_naive}
 
 
