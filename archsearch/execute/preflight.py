@@ -51,11 +51,12 @@ SCAN_EXTENSIONS = {"selective_scan": "selective_scan", "ssd": "ssd", "gated_delt
 
 
 def cpu_builds_missing(specs: Iterable[ArchSpec] | None, *, address: str | None) -> list[str]:
-    """The C++ CPU extensions (archsearch_kernels/cpu_build.py) a local CPU run's trials need that this
-    Python environment has not built yet, told without importing torch: "elementwise" (every
-    model's RMSNorm), for Mamba's scan "selective_scan", for Mamba-2's "ssd" and for Gated DeltaNet's
-    "gated_delta" (every one when `specs` is None, as for a sampled search). None on a cluster (its nodes build their own) or where the kernels
-    would not run (a CUDA torch, ARCHSEARCH_KERNELS=reference or triton)."""
+    """The C++ CPU extensions (archsearch_kernels/cpu_build.py) a local CPU run's trials need that
+    this Python environment has not built yet, told without importing torch: "elementwise" (every
+    model's RMSNorm), for Mamba's scan "selective_scan", for Mamba-2's "ssd" and for Gated
+    DeltaNet's "gated_delta" (every one when `specs` is None, as for a sampled search). None on a
+    cluster (its nodes build their own) or where the kernels would not run (a CUDA torch,
+    ARCHSEARCH_KERNELS=reference or triton)."""
     from archsearch_kernels.cpu_cache import is_built
 
     setting = os.environ.get(MODE_VAR, "auto").strip().lower() or "auto"
