@@ -23,8 +23,8 @@ from archsearch_dashboards.figures import (
     pareto_figure,
     plan_figure,
     profile_figures,
-    scaling_figure,
 )
+from archsearch_dashboards.scaling import scaling_figure
 
 from archsearch_dashboards.training import training_figure
 

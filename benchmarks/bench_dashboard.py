@@ -84,7 +84,7 @@ def fits() -> dict:
     the view fits them and with L-BFGS from the 150-start grid: seconds of each."""
     import numpy as np
     import scipy.optimize  # noqa: F401  (its import is not the fits' time)
-    from archsearch_dashboards.figures import _FIT_CACHE
+    from archsearch_dashboards.scaling import _FIT_CACHE
 
     from archsearch.analysis import fit_law
 

@@ -8,7 +8,8 @@ import json
 import random
 
 from archsearch_dashboards.arms import group_label, sample_rows, varying_axes
-from archsearch_dashboards.figures import MAX_FIT_POINTS, pareto_figure, parallel_figure, scaling_figure
+from archsearch_dashboards.figures import pareto_figure, parallel_figure
+from archsearch_dashboards.scaling import MAX_FIT_POINTS, scaling_figure
 from archsearch_dashboards.report import DEFAULT_OBJECTIVES, MAX_TABLE_PER_ARM, _table, table_rows
 from tests.test_report import on_front_by_hand, trials_table
 
@@ -108,17 +109,17 @@ def test_one_redraw_works_each_arm_out_once(monkeypatch):
     are worked out once for it (``arms.per_rows``), not once per view, and
     each arm's fit once per app (kept while its points stay the same).
     Fails on the mutation that makes ``per_rows`` return ``function`` unwrapped."""
-    from archsearch_dashboards import figures
+    from archsearch_dashboards import scaling
     from archsearch_dashboards.report import views
 
     from archsearch.analysis import arms as analysis_arms
 
-    monkeypatch.setattr(figures, "_FIT_CACHE", {})
+    monkeypatch.setattr(scaling, "_FIT_CACHE", {})
     rows = generated(3000, seed=4)
     labels, fits = [], []
-    label_of, fit_law = analysis_arms.arm_label, figures.fit_law
+    label_of, fit_law = analysis_arms.arm_label, scaling.fit_law
     monkeypatch.setattr(analysis_arms, "arm_label", lambda row, axes, **k: labels.append(1) or label_of(row, axes, **k))
-    monkeypatch.setattr(figures, "fit_law", lambda *a, **k: fits.append(1) or fit_law(*a, **k))
+    monkeypatch.setattr(scaling, "fit_law", lambda *a, **k: fits.append(1) or fit_law(*a, **k))
     views(rows, [])
     arms = len({group_label(r, varying_axes(rows)) for r in rows})
     assert len(labels) <= 2 * arms and len(fits) == arms
@@ -140,14 +141,14 @@ def test_a_list_of_rows_that_grows_is_worked_out_again():
 def test_a_long_running_app_keeps_only_the_latest_fits(monkeypatch):
     """Each trial that finishes changes its arm's points and so its fit; the
     app keeps the latest ``MAX_KEPT_FITS`` fits and their bands, not every one."""
-    from archsearch_dashboards import figures
+    from archsearch_dashboards import scaling
 
-    monkeypatch.setattr(figures, "_FIT_CACHE", {})
-    monkeypatch.setattr(figures, "_BANDS", {})
-    monkeypatch.setattr(figures, "MAX_KEPT_FITS", 3)
+    monkeypatch.setattr(scaling, "_FIT_CACHE", {})
+    monkeypatch.setattr(scaling, "_BANDS", {})
+    monkeypatch.setattr(scaling, "MAX_KEPT_FITS", 3)
     rows = generated(60, seed=5)
     for count in range(40, 60, 2):  # a study that grows, redrawn after each new pair of trials
         scaling_figure(rows[:count], bootstrap=5)
-    assert len(figures._FIT_CACHE) == 3 and len(figures._BANDS) == 3
+    assert len(scaling._FIT_CACHE) == 3 and len(scaling._BANDS) == 3
     latest = scaling_figure(rows, bootstrap=5)
     assert any(trace.name.endswith(" band") for trace in latest.data)

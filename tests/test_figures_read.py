@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from archsearch_dashboards.figures import _log_ticks, comparison_figure, curves_figure, scaling_figure
+from archsearch_dashboards.figures import _log_ticks, comparison_figure, curves_figure
+from archsearch_dashboards.scaling import scaling_figure
 from tests.report_rows import rows_of
 
 SIZES = [40_000, 80_000, 180_000, 400_000]

@@ -15,7 +15,8 @@ import math
 import pytest
 from archsearch_dashboards.app import refresh
 from archsearch_dashboards.arms import arm_colours, group_labels, varying_axes
-from archsearch_dashboards.figures import parallel_figure, scaling_figure
+from archsearch_dashboards.figures import parallel_figure
+from archsearch_dashboards.scaling import scaling_figure
 from archsearch_dashboards.report import completed_rows, write_report
 from tests.dashboard_support import result, spec, trial
 from tests.report_rows import rows_of
