@@ -21,7 +21,7 @@ the step):
     dv = beta dw;   dbeta = <dw, v - a r>;   dr = -beta dw
     dg = a (<dS, S_{t-1}> + <dr, r>);   dS <- a (dS + k dr^T)
 
-where S_t = a S_{t-1} + k w^T is formed again from S_{t-1} as the walk needs it. About 2.2x less
+where S_t = a S_{t-1} + k w^T is formed again from S_{t-1} as the walk needs it. About 2.3x less
 CPU than the chunked form at B 8, T 256, H 8, K = V = 16, forward and backward, one thread.
 
 Building: `RULE` (archsearch_kernels/cpu_build.py) compiles the source below on first use, once per
