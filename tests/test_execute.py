@@ -15,6 +15,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -422,6 +423,13 @@ def test_a_worker_killed_mid_trial_is_retried_from_its_checkpoint(embedded_ray, 
     assert [r["val_loss"] for r in curve] == pytest.approx([r["val_loss"] for r in fresh.curve], rel=1e-6)
     assert not (tmp_path / "s.duckdb.checkpoints").exists()
     assert load_trained(trial.trial_id, store=store)(fresh_tokens()).shape == (1, 8, 256)
+    if storage == "uri":  # the killed attempt's local mirror is what a later trial's sweep removes
+        from archsearch.execute import task
+
+        left = list(Path(tempfile.gettempdir()).glob(f"{task.MIRROR_PREFIX}{killed.read_text()}-*"))
+        assert len(left) == 1
+        monkeypatch.setattr(task, "MIRROR_STALE_S", 0.0)
+        assert left[0] in task.sweep_mirrors(tempfile.gettempdir()) and not left[0].exists()
 
 
 def dies_once_after_a_checkpoint(folder: str, marker: str):
@@ -443,7 +451,7 @@ def dies_once_after_a_checkpoint(folder: str, marker: str):
                 deadline = time.monotonic() + 300
                 while not list(Path(folder).glob("step-*/trainer.pt")) and time.monotonic() < deadline:
                     time.sleep(0.05)
-                Path(marker).write_text("killed")
+                Path(marker).write_text(str(os.getpid()))  # the killed worker, whose mirror stays behind
                 os.kill(os.getpid(), signal.SIGKILL)
 
     return task
