@@ -129,6 +129,15 @@ def test_a_memory_size_reads_with_units_and_a_bad_one_names_the_field(tmp_path):
         A.load_study(tmp_path / "study.yaml")
 
 
+def test_checkpoint_storage_resolves_a_folder_from_here_and_keeps_a_uri(tmp_path, monkeypatch):
+    from archsearch.space.running import Execution
+
+    monkeypatch.chdir(tmp_path)
+    assert Execution().resolved_storage() is None
+    assert Execution(storage="runs/ckpt").resolved_storage() == str(tmp_path.resolve() / "runs" / "ckpt")
+    assert Execution(storage="s3://bucket/runs").resolved_storage() == "s3://bucket/runs"
+
+
 @pytest.mark.parametrize(("per_trial", "max_parallel", "width"), [
     ({"CPU": 1, "GPU": 0, "memory": 0}, "auto", 8),
     ({"CPU": 2, "GPU": 0, "memory": 0}, "auto", 4),

@@ -167,7 +167,7 @@ def _drain(searcher: Searcher, db: Store, study: Study, *, store: str | Path, ma
     if needs["memory"]:
         options["memory"] = needs["memory"]
     task = ray.remote(num_returns="streaming", **options)(_trial_task)
-    return _Scheduler(searcher, db, task, study=study.name, store=store, storage=_storage(study),
+    return _Scheduler(searcher, db, task, study=study.name, store=store, storage=study.execution.resolved_storage(),
                       threads=execution.threads_per_trial, retries=execution.retries, progress=progress,
                       workers=dict(count=workers, options=options), kernels=kernel_settings(),
                       nice=execution.nice, loggers=loggers).run(width)
@@ -472,14 +472,6 @@ def _label(trial: PlannedTrial) -> str:
     return f"{trial.spec.family} {axes}".strip()
 
 
-def _storage(study: Study) -> str | None:
-    """``execution.storage`` as an absolute path, or the URI as written."""
-    storage = study.execution.storage
-    if not storage or "://" in storage:
-        return storage
-    return str(Path(storage).expanduser().resolve())
-
-
 def _one_line(err: BaseException) -> str:
     cause = getattr(err, "cause", None) or err
     text = f"{type(cause).__name__}: {cause}".strip().splitlines()
@@ -498,5 +490,5 @@ def _config(study: Study) -> dict:
     """The resolved study as saved beside its results (the space inlined,
     the checkpoint storage as an absolute path)."""
     config = {**study.model_dump(mode="json", exclude={"space"}), "space": study.space.model_dump(mode="json")}
-    config["execution"]["storage"] = _storage(study)
+    config["execution"]["storage"] = study.execution.resolved_storage()
     return config

@@ -96,7 +96,6 @@ def _staged(study: Study) -> Iterator[Path]:
     """The job's working directory, removed once Ray has uploaded it."""
     import archsearch
     import archsearch_kernels
-    from archsearch.execute.driver import _storage
 
     folder = Path(tempfile.mkdtemp(prefix="archsearch-job-"))
     try:
@@ -104,7 +103,7 @@ def _staged(study: Study) -> Iterator[Path]:
         config = study.model_dump(mode="json", exclude_unset=True, exclude={"include", "space"})
         config["space"] = study.space.model_dump(mode="json", exclude_unset=True, exclude={"include"})
         if study.execution.storage:
-            config["execution"]["storage"] = _storage(study)
+            config["execution"]["storage"] = study.execution.resolved_storage()
         data = config.setdefault("data", {})
         if data.get("kind") == "text" and data.get("paths"):
             data["paths"] = [_copy(Path(source), folder / "data" / f"{index}-{Path(source).name}")

@@ -7,6 +7,7 @@ them alone. Torch-free, like the rest of ``archsearch.space``.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field
@@ -56,6 +57,13 @@ class Execution(Strict):
         default=None, description="where checkpoints go, reachable from every node: a shared folder, or a "
                                   "URI pyarrow opens (s3://bucket/path, gs://..., file:///...); "
                                   "default: beside the store")
+
+    def resolved_storage(self) -> str | None:
+        """``storage`` as an absolute path (a relative one is taken from the current folder, as
+        the study is run), or the URI as written; None for the default."""
+        if not self.storage or "://" in self.storage:
+            return self.storage
+        return str(Path(self.storage).expanduser().resolve())
 
 
 class TensorBoardLogging(Strict):
