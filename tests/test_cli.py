@@ -332,6 +332,9 @@ def test_a_second_process_sees_where_a_running_trial_is(tmp_path):
         with A.open_store(store, read_only=True) as db:
             curve = db.train_points([seen["trial_id"]])
         assert len(curve) >= 2 and [r["step"] for r in curve[:2]] == [10, 20]  # recipe.log_every's default
+        # the store can hold a report before the run's next heartbeat line prints it: wait for
+        # a few heartbeats (1 s each) so the piped output has caught up with what status saw
+        time.sleep(3)
         os.killpg(proc.pid, signal.SIGTERM)
         _, err = proc.communicate(timeout=120)
     finally:
