@@ -307,7 +307,7 @@ def test_a_second_process_sees_where_a_running_trial_is(tmp_path):
     """While a trial trains (long before its first evaluation), `status` in another process
     shows its step of how many, its latest training loss and an ETA; `status --json` gives the
     same as numbers, the store holds its training-loss curve, and the piped heartbeat says it."""
-    study = write_study(tmp_path, steps=5000, eval_every=5000, max_parallel=1)
+    study = write_study(tmp_path, steps=20000, eval_every=20000, max_parallel=1)
     store = tmp_path / "s.duckdb"
     proc = _start("run", study, "--store", store, cwd=tmp_path, env={"ARCHSEARCH_HEARTBEAT_S": "1"})
     try:
@@ -323,12 +323,12 @@ def test_a_second_process_sees_where_a_running_trial_is(tmp_path):
             running = [t for t in json.loads(found.stdout)["trials"] if t.get("progress", {}).get("step", 0) > 20]
             seen = running[0] if running else None
         at = seen["progress"]
-        assert at["total_steps"] == 5000 and 0 < at["step"] < 5000 and seen["status"] == "running"
+        assert at["total_steps"] == 20000 and 0 < at["step"] < 20000 and seen["status"] == "running"
         assert 0 < at["train_loss"] < 6 and at["tokens_per_s"] > 0 and at["tokens"] == at["step"] * 4 * 16
         shown = subprocess.run([sys.executable, "-m", "archsearch.cli", "status", "--store", str(store)],
                                capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "80"})
         line = next(line for line in shown.stdout.splitlines() if line.startswith(f"  trial {seen['trial_id'][:8]}"))
-        assert re.search(r"step \d+/5000, loss \d\.\d{3}, [\d.]+k? tokens/s, ETA [\d.]+ (s|min|h)", line), line
+        assert re.search(r"step \d+/20000, loss \d\.\d{3}, [\d.]+k? tokens/s, ETA [\d.]+ (s|min|h)", line), line
         with A.open_store(store, read_only=True) as db:
             curve = db.train_points([seen["trial_id"]])
         assert len(curve) >= 2 and [r["step"] for r in curve[:2]] == [10, 20]  # recipe.log_every's default
@@ -339,7 +339,7 @@ def test_a_second_process_sees_where_a_running_trial_is(tmp_path):
         _, err = proc.communicate(timeout=120)
     finally:
         _end_session(proc)
-    assert re.search(rf"^  trial {seen['trial_id']}: step \d+/5000, loss", err, re.MULTILINE), err
+    assert re.search(rf"^  trial {seen['trial_id']}: step \d+/20000, loss", err, re.MULTILINE), err
     assert re.search(r"trials done, 1 running, 0 failed, \d+ s elapsed, ETA", err), err
 
 
