@@ -129,7 +129,8 @@ std::vector<at::Tensor> rule_backward(at::Tensor q, at::Tensor k, at::Tensor v, 
                                       at::Tensor S0, at::Tensor dout, at::Tensor dlast, int64_t span) {
   const Rule s = sizes(q, k, v, g, beta, S0);
   check(dout, "do", 4); check(dlast, "dlast", 4);
-  const int64_t K = s.K, V = s.V, KV = K * V, spans = (s.steps + span - 1) / span;
+  // at T = 0 one empty span, so the buffers below hold a state
+  const int64_t K = s.K, V = s.V, KV = K * V, spans = std::max<int64_t>(1, (s.steps + span - 1) / span);
   at::Tensor dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
   at::Tensor dg = at::empty_like(g), dbeta = at::empty_like(beta), dS0 = at::empty_like(S0);
   const float *q_p = q.data_ptr<float>(), *k_p = k.data_ptr<float>(), *v_p = v.data_ptr<float>();

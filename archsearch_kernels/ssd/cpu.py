@@ -131,7 +131,8 @@ std::vector<at::Tensor> ssd_backward(at::Tensor x, at::Tensor dt, at::Tensor A, 
                                      at::Tensor S0, at::Tensor dy, at::Tensor dlast, int64_t span) {
   const Ssd s = sizes(x, dt, A, Bm, Cm, S0);
   check(dy, "dy", 4); check(dlast, "dlast", 4);
-  const int64_t N = s.N, P = s.P, PN = P * N, spans = (s.steps + span - 1) / span;
+  // at T = 0 one empty span, so the buffers below hold a state
+  const int64_t N = s.N, P = s.P, PN = P * N, spans = std::max<int64_t>(1, (s.steps + span - 1) / span);
   at::Tensor dx = at::empty_like(x), ddt = at::empty_like(dt), dS0 = at::empty_like(S0);
   at::Tensor dA_part = at::empty({s.batch, s.heads}, x.options());
   at::Tensor dB = at::empty({s.batch, s.steps, s.heads, N}, x.options()), dC = at::empty_like(dB);
@@ -267,7 +268,8 @@ class _Ssd(torch.autograd.Function):
             x, dt, A, B_BTGN, C_BTGN, S0, dy.contiguous(), dlast.contiguous(), SPAN)
         batch, steps, groups, state = B_BTGN.shape
         # a group's heads share its B and C: their gradients add up, [B, T, H, N] -> [B, T, G, N]
-        dB, dC = (d.view(batch, steps, groups, -1, state).sum(3) for d in (dB_BTHN, dC_BTHN))
+        per_group = x.shape[2] // groups
+        dB, dC = (d.view(batch, steps, groups, per_group, state).sum(3) for d in (dB_BTHN, dC_BTHN))
         return None, dx, ddt, dA, dB, dC, dS0
 
 

@@ -82,3 +82,13 @@ def test_dispatch_takes_the_cpp_kernel_on_float32_cpu_and_the_chunked_form_other
     monkeypatch.setenv(dispatch.MODE_VAR, "reference")
     assert_close("o", gated_delta_rule_chunked(**inputs), dispatch.gated_delta_rule(**inputs), ATOL)
     assert calls == [1]
+
+
+def test_an_empty_sequence_passes_the_state_through():
+    """T = 0: no output, the last state is the initial one, and its gradient passes back unchanged."""
+    inputs = make_inputs(Shape(2, 0, 3, 4, 5, None))
+    o, last = run(cpu.gated_delta_rule_cpu, inputs)
+    assert o.shape == (2, 0, 3, 5) and torch.equal(last, inputs["initial_state"])
+    d_last = torch.randn_like(last)
+    (grad,) = torch.autograd.grad((last * d_last).sum(), [inputs["initial_state"]])
+    assert torch.equal(grad, d_last)

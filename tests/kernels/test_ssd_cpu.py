@@ -83,3 +83,13 @@ def test_dispatch_takes_the_cpp_kernel_on_cpu_and_the_chunked_form_when_told(mon
     monkeypatch.setenv(dispatch.MODE_VAR, "reference")
     assert_close("y", ssd_chunked(**inputs), dispatch.ssd(**inputs), ATOL)
     assert calls == [1] and torch.allclose(y_cpp, ssd_naive(**inputs), atol=ATOL)
+
+
+def test_an_empty_sequence_passes_the_state_through():
+    """T = 0: no output, the last state is the initial one, and its gradient passes back unchanged."""
+    inputs = make_inputs(Shape(2, 0, 4, 3, 2, 5, 0))
+    y, last = run(cpu.ssd_cpu, inputs)
+    assert y.shape == (2, 0, 4, 3) and torch.equal(last, inputs["initial_state"])
+    d_last = torch.randn_like(last)
+    (grad,) = torch.autograd.grad((last * d_last).sum(), [inputs["initial_state"]])
+    assert torch.equal(grad, d_last)
