@@ -212,6 +212,21 @@ def compare(names: list[str], want: list[torch.Tensor], got: list[torch.Tensor],
     return None
 
 
+def compare_scans(reference: Callable, kernel: Callable, inputs: dict[str, torch.Tensor], *, output: str,
+                  **kwargs) -> str | None:
+    """A scan's self-check: ``reference`` and ``kernel`` called on ``inputs`` (and ``kwargs``)
+    with ``return_last_state=True`` give the same output (named ``output`` in the reason), last
+    state and gradient of every input (through out.sum() + last.square().sum()); None if they
+    agree, else which differs."""
+    leaves = {name: x.detach().requires_grad_() for name, x in inputs.items()}
+    results = []
+    with torch.enable_grad():  # the first call may come under no_grad
+        for fn in (reference, kernel):
+            out, last = fn(**leaves, **kwargs, return_last_state=True)
+            results.append((out, last, *torch.autograd.grad(out.sum() + last.square().sum(), list(leaves.values()))))
+    return compare([output, "last_state", *leaves], *results)
+
+
 def _say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 

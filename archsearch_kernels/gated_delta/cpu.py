@@ -35,7 +35,7 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
-from ..cpu_build import Extension, compare
+from ..cpu_build import Extension, compare_scans
 
 # steps between the states the backward keeps; a span's states stay in L1 or L2
 SPAN = 16
@@ -235,13 +235,7 @@ def _self_check(module) -> str | None:
                   k=torch.nn.functional.normalize(torch.randn(b, t, h, k, generator=gen), dim=-1),
                   v=torch.randn(b, t, h, v, generator=gen), g=-torch.rand(b, t, h, generator=gen),
                   beta=torch.rand(b, t, h, generator=gen), initial_state=torch.randn(b, h, k, v, generator=gen))
-    leaves = {name: x.requires_grad_() for name, x in inputs.items()}
-    results = []
-    with torch.enable_grad():  # the first call may come under no_grad
-        for fn in (gated_delta_rule_naive, lambda **kw: _rule(module, **kw)):
-            o, last = fn(**leaves, return_last_state=True)
-            results.append((o, last, *torch.autograd.grad(o.sum() + last.square().sum(), list(leaves.values()))))
-    return compare(["o", "last_state", *leaves], *results)
+    return compare_scans(gated_delta_rule_naive, lambda **kw: _rule(module, **kw), inputs, output="o")
 
 
 RULE = Extension("gated_delta")

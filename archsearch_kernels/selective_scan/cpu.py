@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from ..cpu_build import Extension, compare
+from ..cpu_build import Extension, compare_scans
 
 # channels per block of the backward's partial dB, dC sums: few blocks keep the final sum small
 BLOCK_E = 32
@@ -214,13 +214,8 @@ def _self_check(module) -> str | None:
     inputs = dict(u=torch.randn(b, e, t, generator=gen), delta=torch.randn(b, e, t, generator=gen),
                   A=-torch.rand(e, n, generator=gen) * 4, B=torch.randn(b, n, t, generator=gen),
                   C=torch.randn(b, n, t, generator=gen), initial_state=torch.randn(b, e, n, generator=gen))
-    leaves = {name: x.requires_grad_() for name, x in inputs.items()}
-    results = []
-    with torch.enable_grad():  # the first call may come under no_grad
-        for fn in (selective_scan_naive, functools.partial(_scan, module)):
-            y, last = fn(**leaves, delta_softplus=True, return_last_state=True)
-            results.append((y, last, *torch.autograd.grad(y.sum() + last.square().sum(), list(leaves.values()))))
-    return compare(["y", "last_state", *leaves], *results)
+    return compare_scans(selective_scan_naive, functools.partial(_scan, module), inputs, output="y",
+                         delta_softplus=True)
 
 
 SCAN = Extension("selective_scan")
