@@ -243,11 +243,6 @@ RULE.add("gated_delta_rule", SOURCE, ["rule_forward", "rule_backward"], _self_ch
          fallback="the chunked PyTorch form")
 
 
-def load():
-    """The compiled module, building and checking it on first call; None if it cannot be used here."""
-    return RULE.module("gated_delta_rule")
-
-
 def available() -> bool:
     """Whether the C++ kernel compiled here and agrees with the reference (builds it on first call)."""
     return RULE.available("gated_delta_rule")
