@@ -10,11 +10,11 @@ reference on this device in bf16 (the CPU tests run fp32 in Triton's interpreter
 cannot check bf16 tl.dot), then times forward and forward+backward of both, interleaved,
 with CUDA events (median of --repeats after warm-up), and the peak memory of fwd+bwd.
 Where flash-linear-attention, mamba-ssm or liger-kernel are installed, their kernel for the
-same op is timed in the same rounds. Runs in about a minute on an H100-class GPU.
+same op is timed in the same rounds. Runs in under two minutes on an H200.
 
 Sizes: B 8, T 2048, d 1024; SwiGLU width 2816 (8/3 d rounded to 256); Mamba E = 2d, N 16;
 linear + cross-entropy over V 32000 and 128256 (N = B T = 16384 rows); gated delta rule
-H 8, K = V = 128: the chunked kernel (chunks of 64, and of 32), the recurrent kernel, fla's
+H 8, K = V = 128: the chunked kernel (chunks of 32, its default, and of 64), the recurrent kernel, fla's
 chunk_gated_delta_rule and the PyTorch chunked form, then the chunked kernel against the
 recurrent one at T 16, 64, 256 (where archsearch_kernels.dispatch.CHUNKED_FROM should sit);
 Mamba-2's SSD scan with E = 2d in heads of P 64, N 128: the kernel, mamba-ssm's
@@ -116,7 +116,16 @@ def bench_op(op: str, impls: dict[str, Callable], inputs: dict, repeats: int, ro
     and check each against it."""
     names = list(impls)
     reference = names[-1]
-    errors = {name: max_rel_error(impls[name], impls[reference], inputs, **kwargs) for name in names[:-1]}
+    errors = {}
+    for name in names[:-1]:
+        try:
+            errors[name] = max_rel_error(impls[name], impls[reference], inputs, **kwargs)
+        except Exception as err:  # a peer that refuses this GPU or these shapes is a row, and the run goes on
+            line = str(err).strip().splitlines()
+            rows.append(dict(op=op, impl=name, error=f"{type(err).__name__}: {line[0] if line else ''}"))
+            print(f"{op:22s} {name:14s} failed: {rows[-1]['error'][:160]}", flush=True)
+            del impls[name]
+    names = list(impls)
     fwd = timed_ms({n: forward(f, inputs, **kwargs) for n, f in impls.items()}, repeats)
     both = timed_ms({n: fwd_bwd(f, inputs, **kwargs) for n, f in impls.items()}, repeats)
     for name in names:
@@ -204,7 +213,7 @@ def main() -> None:
                       v=leaf(b, t, h, k), g=F.logsigmoid(3 + torch.randn(b, t, h, device=dev)).requires_grad_(),
                       beta=torch.rand(b, t, h, device=dev).to(bf16).requires_grad_())
     impls = {"triton": gated_delta_rule_chunked_triton,
-             "triton-chunk32": lambda **kw: gated_delta_rule_chunked_triton(**kw, chunk_size=32),
+             "triton-chunk64": lambda **kw: gated_delta_rule_chunked_triton(**kw, chunk_size=64),
              "triton-recurrent": gated_delta_rule_triton}
     fla_gdr = optional("fla.ops.gated_delta_rule", "chunk_gated_delta_rule")
     if fla_gdr is not None:  # fla scales q by K^-1/2 unless told otherwise; ours never does

@@ -1,15 +1,16 @@
-"""The first run on a GPU: every Triton kernel against its reference, timed, and one study trained on CUDA.
+"""A GPU check: every Triton kernel against its reference, timed, and one study trained on CUDA.
 
-    python benchmarks/gpu_check.py [--out gpu_check.json] [--work DIR]       # one H100/H200: under 8 minutes
+    python benchmarks/gpu_check.py [--out gpu_check.json] [--work DIR]       # one H200: about 5 minutes
     TRITON_INTERPRET=1 python benchmarks/gpu_check.py --dry-run --out x.json # any CPU: tiny sizes (tests/test_gpu_check.py)
 
 Three parts, each written to the JSON summary as it finishes, so a run cut short keeps what it did:
 
 1. ``checks``: each op of ``archsearch_kernels.dispatch.PAIRS`` (its Triton kernel and its naive.py
-   spec) at the sizes below, in fp32 and in bf16: the kernel's output and its gradient for every
-   input that takes one, against the spec run in fp32 on the same (rounded) inputs, as the largest
-   absolute difference over the largest reference value, within ``TOLERANCE`` of the dtype. The
-   kernel's forward and forward+backward time beside the spec's.
+   spec; ``--ops`` names some) at the sizes below, in fp32 and in bf16: the kernel's output and
+   its gradient for every input that takes one in the models, against the spec run in fp32 on
+   the same (rounded) inputs, as the largest absolute difference over the largest reference
+   value, within ``TOLERANCE`` of the dtype. The kernel's forward and forward+backward time
+   beside the spec's.
 2. ``timings``: ``bench_kernels_gpu.py`` at its defaults (B 8, T 2048, d 1024, bf16): each kernel
    against the PyTorch path and against flash-linear-attention, mamba-ssm and liger-kernel where
    they import; its rows as it writes them.
@@ -24,7 +25,7 @@ over 1 group. ``--dry-run`` shrinks every size to a few steps and channels, chec
 interpreter cannot run bf16 ``tl.dot``), times nothing against other libraries and trains the study
 on the CPU for two steps: it checks the script, never the GPU.
 
-This script has not yet run on GPU hardware; docs/performance.md says so until it has.
+docs/performance.md gives what it found on an H200, and docs/data/ its JSON summaries.
 """
 
 from __future__ import annotations
@@ -77,9 +78,6 @@ def inputs_for(op: str, s: Sizes, device: str, dtype: torch.dtype) -> dict[str, 
         x = torch.randn(*shape, generator=gen) * scale
         return (fn(x) if fn else x).to(device, dtype).requires_grad_()
 
-    def const(x):
-        return x.to(device, dtype)
-
     B, T = s.batch, s.seq_len
     if op == "rms_norm":
         return dict(x=leaf(B, T, s.d_model), weight=leaf(s.d_model))
@@ -89,9 +87,9 @@ def inputs_for(op: str, s: Sizes, device: str, dtype: torch.dtype) -> dict[str, 
         return dict(x=leaf(B * T, s.d_model), weight=leaf(s.vocab, s.d_model, scale=s.d_model ** -0.5))
     if op in ("gated_delta_rule", "gated_delta_rule_chunked"):
         H, K = s.gdn_heads, s.gdn_dim
-        return dict(q=leaf(B, T, H, K, scale=K ** -0.5), k=const(F.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1)),
-                    v=leaf(B, T, H, K), g=const(F.logsigmoid(2 + torch.randn(B, T, H, generator=gen))),
-                    beta=const(torch.rand(B, T, H, generator=gen)))
+        return dict(q=leaf(B, T, H, K, scale=K ** -0.5), k=leaf(B, T, H, K, fn=lambda x: F.normalize(x, dim=-1)),
+                    v=leaf(B, T, H, K), g=leaf(B, T, H, fn=lambda x: F.logsigmoid(2 + x)),
+                    beta=leaf(B, T, H, fn=lambda x: torch.rand(x.shape, generator=gen)))
     if op == "ssd":
         H, P, N = s.ssd_heads, s.ssd_head_dim, s.ssd_state
         return dict(x=leaf(B, T, H, P), dt=leaf(B, T, H, fn=lambda x: F.softplus(x - 3)),
@@ -99,8 +97,16 @@ def inputs_for(op: str, s: Sizes, device: str, dtype: torch.dtype) -> dict[str, 
                     B=leaf(B, T, 1, N, scale=N ** -0.5), C=leaf(B, T, 1, N, scale=N ** -0.5), D=leaf(H))
     E, N = s.scan_channels, s.scan_state  # selective_scan
     return dict(u=leaf(B, E, T), delta=leaf(B, E, T, scale=0.5, fn=lambda x: x - 2),
-                A=const(-torch.rand(E, N, generator=gen) * 4 - 0.1), B=leaf(B, N, T), C=leaf(B, N, T), D=leaf(E),
+                A=leaf(E, N, fn=lambda x: -torch.rand(E, N, generator=gen) * 4 - 0.1), B=leaf(B, N, T), C=leaf(B, N, T), D=leaf(E),
                 z=leaf(B, E, T))
+
+
+def _version(module: str) -> str | None:
+    """An installed module's version, or None where it does not import."""
+    try:
+        return getattr(__import__(module), "__version__", "installed")
+    except Exception:
+        return None
 
 
 def _sync(device: str) -> None:
@@ -121,8 +127,10 @@ def _seconds(fn, device: str, repeats: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def check_op(op: str, sizes: Sizes, device: str, dtype_name: str, repeats: int) -> dict:
-    """One op in one dtype: the worst relative error of its output and each gradient, and its times."""
+def check_op(op: str, sizes: Sizes, device: str, dtype_name: str, repeats: int,
+             spec_repeats: int | None = None) -> dict:
+    """One op in one dtype: the worst relative error of its output and each gradient, and its times
+    (the kernel's median of `repeats`, the spec's of `spec_repeats`: its step loops are slow)."""
     from archsearch_kernels import dispatch
 
     kernel, spec = dispatch.PAIRS[op]
@@ -140,10 +148,11 @@ def check_op(op: str, sizes: Sizes, device: str, dtype_name: str, repeats: int) 
             error = (got.double() - want.double()).abs().max().item()
             row["errors"][name] = error / max(want.double().abs().max().item(), 1e-30)
         row["passed"] = all(e <= TOLERANCE[dtype_name] for e in row["errors"].values())  # NaN fails
-        for name, fn, args in (("kernel", kernel, inputs), ("reference", spec, as_fp32)):
-            row[f"{name}_forward_ms"] = 1e3 * _seconds(lambda: dispatch._call(fn, op, args).detach(), device, repeats)
+        for name, fn, args, times in (("kernel", kernel, inputs, repeats),
+                                      ("reference", spec, as_fp32, spec_repeats or repeats)):
+            row[f"{name}_forward_ms"] = 1e3 * _seconds(lambda: dispatch._call(fn, op, args).detach(), device, times)
             row[f"{name}_fwd_bwd_ms"] = 1e3 * _seconds(
-                lambda: dispatch._call(fn, op, args).backward(cotangent.to(args[leaves[0]].dtype)), device, repeats)
+                lambda: dispatch._call(fn, op, args).backward(cotangent.to(args[leaves[0]].dtype)), device, times)
     except Exception as err:  # a kernel that does not compile or run is a failed check, and the run goes on
         row.update(passed=False, error=f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
     return row
@@ -206,7 +215,9 @@ def main() -> None:
     parser.add_argument("--work", default=None, help="where the study's store goes (a temporary folder by default)")
     parser.add_argument("--dry-run", action="store_true", help="tiny sizes on the CPU under TRITON_INTERPRET=1")
     parser.add_argument("--skip", default="", help="parts to leave out, comma-separated: checks, timings, study")
-    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--ops", default="", help="check only these ops, comma-separated (default: every op)")
+    parser.add_argument("--repeats", type=int, default=10, help="timed calls of each kernel (the median is kept)")
+    parser.add_argument("--spec-repeats", type=int, default=3, help="timed calls of each spec (its step loops are slow)")
     args = parser.parse_args()
     device = "cpu" if args.dry_run else "cuda"
     if args.dry_run and os.environ.get("TRITON_INTERPRET") != "1":
@@ -218,20 +229,31 @@ def main() -> None:
     skip = set(filter(None, args.skip.split(",")))
     out = Path(args.out)
     summary = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu (dry run)",
-               "torch": torch.__version__, "dry_run": args.dry_run, "sizes": asdict(TINY if args.dry_run else Sizes()),
+               "torch": torch.__version__, "triton": _version("triton"),
+               "peers": {name: _version(name) for name in ("fla", "mamba_ssm", "liger_kernel")},
+               "dry_run": args.dry_run, "sizes": asdict(TINY if args.dry_run else Sizes()),
                "checks": [], "timings": None, "study": None}
 
     def save():
         out.write_text(json.dumps(summary, indent=2, default=str))
 
     began = time.perf_counter()
+    ops = [op for op in args.ops.split(",") if op] or list(dispatch.PAIRS)
+    unknown = sorted(set(ops) - set(dispatch.PAIRS))
+    if unknown:
+        parser.error(f"no kernel named {', '.join(unknown)}; the ops are {', '.join(dispatch.PAIRS)}")
     if "checks" not in skip:
-        for op in dispatch.PAIRS:
+        for op in ops:
             for dtype_name in ("float32",) if args.dry_run else ("float32", "bfloat16"):
-                row = check_op(op, TINY if args.dry_run else Sizes(), device, dtype_name, 1 if args.dry_run else args.repeats)
+                took = time.perf_counter()
+                row = check_op(op, TINY if args.dry_run else Sizes(), device, dtype_name,
+                               1 if args.dry_run else args.repeats, 1 if args.dry_run else args.spec_repeats)
                 summary["checks"].append(row)
+                times = (f"fwd+bwd {row['kernel_fwd_bwd_ms']:8.2f} ms, spec {row['reference_fwd_bwd_ms']:9.1f} ms"
+                         if "kernel_fwd_bwd_ms" in row else "")
                 print(f"{op:<26} {dtype_name:<9} {'ok  ' if row['passed'] else 'FAIL'} "
-                      f"{max(row['errors'].values(), default=float('nan')):.1e} {row.get('error', '')}", flush=True)
+                      f"{max(row['errors'].values(), default=float('nan')):.1e} {times} "
+                      f"({time.perf_counter() - took:.0f} s) {row.get('error', '')}", flush=True)
                 save()
     if "timings" not in skip:
         rows = Path(tempfile.mkdtemp()) / "rows.json"
@@ -241,12 +263,18 @@ def main() -> None:
                               capture_output=True, text=True)
         summary["timings"] = {"returncode": done.returncode, "output_tail": (done.stdout + done.stderr)[-2000:],
                               "rows": json.loads(rows.read_text())["rows"] if rows.exists() else []}
+        print(done.stdout + (done.stderr[-1500:] if done.returncode else ""), end="", flush=True)
         save()
     if "study" not in skip:
         work = Path(args.work or tempfile.mkdtemp(prefix="gpu_check_"))
         work.mkdir(parents=True, exist_ok=True)
         summary["study"] = run_study(work, dry_run=args.dry_run)
-        print(f"study: {'ok' if summary['study']['passed'] else 'FAIL'} in {summary['study']['seconds']:.0f} s", flush=True)
+        study = summary["study"]
+        for trial in study.get("trials", []):
+            print(f"  {trial['family']:<12} {trial['status']:<10} val_loss {trial['val_loss']}", flush=True)
+        if not study["passed"]:
+            print(study["output_tail"], flush=True)
+        print(f"study: {'ok' if study['passed'] else 'FAIL'} in {study['seconds']:.0f} s", flush=True)
     summary["seconds"] = time.perf_counter() - began
     summary["passed"] = (all(row["passed"] for row in summary["checks"])
                          and (summary["timings"] is None or summary["timings"]["returncode"] == 0)

@@ -25,17 +25,21 @@ def gpu_check():
     return module
 
 
-@pytest.mark.parametrize("op", ["rms_norm", "ssd"])
+@pytest.mark.parametrize("op", ["rms_norm", "ssd", "gated_delta_rule", "selective_scan"])
 def test_a_kernel_off_by_a_percent_fails_and_the_spec_itself_passes(gpu_check, op, monkeypatch):
-    """The check compares the output and every gradient: the spec against itself is exact; scaled by
-    1.01 (output and gradients all 1% off, twice the fp32 tolerance) it fails."""
+    """The check compares the output and the gradient of every input the models train: the spec
+    against itself is exact; scaled by 1.01 (output and gradients all 1% off, twice the fp32
+    tolerance) it fails."""
     from archsearch_kernels import dispatch
 
     spec = dispatch.PAIRS[op][1]
     monkeypatch.setitem(dispatch.PAIRS, op, (spec, spec))
     same = gpu_check.check_op(op, gpu_check.TINY, "cpu", "float32", repeats=1)
     assert same["passed"] and max(same["errors"].values()) == 0
-    leaves = {"rms_norm": {"x", "weight"}, "ssd": {"x", "dt", "A", "B", "C", "D"}}[op]
+    # every input the models train through: k, g and beta of the delta rule, A of the scan too
+    leaves = {"rms_norm": {"x", "weight"}, "ssd": {"x", "dt", "A", "B", "C", "D"},
+              "gated_delta_rule": {"q", "k", "v", "g", "beta"},
+              "selective_scan": {"u", "delta", "A", "B", "C", "D", "z"}}[op]
     assert set(same["errors"]) == {"output", *leaves}
     monkeypatch.setitem(dispatch.PAIRS, op, (lambda *a, **kw: 1.01 * spec(*a, **kw), spec))
     off = gpu_check.check_op(op, gpu_check.TINY, "cpu", "float32", repeats=1)
