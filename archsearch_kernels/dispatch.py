@@ -2,7 +2,8 @@
 
 One setting, the environment variable ``ARCHSEARCH_KERNELS``:
 
-    auto       (default) Triton when the tensors are on CUDA and triton is installed; on CPU
+    auto       (default) Triton when the tensors are on CUDA and triton is installed, except
+               for the ops in `SLOWER_ON_GPU` (measured slower than their PyTorch path); on CPU
                tensors the C++ kernel of an op that has one (`CPU_KERNELS`: the selective
                scan, the SSD scan, the gated delta rule, RMSNorm, SwiGLU, the rotary q, k, v
                heads and the short causal conv, each ``cpu.py``) when it builds here and passes its check, else PyTorch
@@ -66,9 +67,14 @@ MODES = ("auto", "triton", "cpp", "reference")
 OPS = ("rms_norm", "swiglu", "selective_scan", "gated_delta_rule", "gated_delta_rule_chunked", "ssd",
        "linear_cross_entropy")
 # sequences from this length on take the chunked gated delta kernel, shorter ones the recurrent
-# one: one default chunk (64 steps). Not yet measured on a GPU; benchmarks/bench_kernels_gpu.py
-# times both over a sweep of T to set it
+# one. On an H200 (bf16, B 8, H 8, K = V = 128, forward and backward, benchmarks/bench_kernels_gpu.py)
+# the two were level at T 16 and T 64 and the chunked one 1.6x faster at T 256
 CHUNKED_FROM = 64
+# ops whose Triton kernel `auto` leaves out on CUDA, because their PyTorch path was faster on a
+# GPU: the SSD kernel (the recurrent form, one program per head and block of P) took 26.2 ms
+# forward and backward against the chunked PyTorch form's 11.1 ms on an H200 (bf16, B 8,
+# T 2048, 32 heads of P 64, N 128). ARCHSEARCH_KERNELS=triton still runs it.
+SLOWER_ON_GPU = frozenset({"ssd"})
 # ops with a compiled C++ path for CPU tensors: op -> its module (available(), the op itself);
 # rope_heads and causal_conv1d have no Triton kernel (on CUDA their references run)
 CPU_KERNELS = {"selective_scan": selective_scan_cpu_kernel, "rms_norm": rms_norm_cpu_kernel,
@@ -123,7 +129,7 @@ def use_triton(op: str, device: torch.device | str) -> bool:
         return False
     if setting == "triton":
         return True
-    return torch.device(device).type == "cuda" and triton_installed()
+    return torch.device(device).type == "cuda" and op not in SLOWER_ON_GPU and triton_installed()
 
 
 def use_cpp(op: str, device: torch.device | str) -> bool:
@@ -235,8 +241,11 @@ def _probe_inputs(op: str, device: torch.device) -> dict[str, torch.Tensor]:
     """Small non-power-of-two inputs for one op, seeded so every run checks the same thing."""
     gen = torch.Generator().manual_seed(0)
 
+    def leaf(x: torch.Tensor) -> torch.Tensor:
+        return x.to(device).requires_grad_()
+
     def randn(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=gen).to(device).requires_grad_()
+        return leaf(torch.randn(*shape, generator=gen))
 
     if op == "rms_norm":
         return dict(x=randn(3, 37, 100), weight=randn(100))
@@ -244,15 +253,15 @@ def _probe_inputs(op: str, device: torch.device) -> dict[str, torch.Tensor]:
         return dict(gate=randn(3, 37, 130), up=randn(3, 37, 130))
     if op == "linear_cross_entropy":
         return dict(x=randn(75, 48), weight=randn(1000, 48))
-    if op in ("gated_delta_rule", "gated_delta_rule_chunked"):  # T 77: two chunks of 64, the last ragged
-        return dict(q=randn(2, 77, 3, 32), k=F.normalize(torch.randn(2, 77, 3, 32, generator=gen), dim=-1).to(device),
-                    v=randn(2, 77, 3, 40), g=F.logsigmoid(2 + torch.randn(2, 77, 3, generator=gen)).to(device),
-                    beta=torch.rand(2, 77, 3, generator=gen).to(device))
+    if op in ("gated_delta_rule", "gated_delta_rule_chunked"):  # T 77: three chunks of 32, the last ragged
+        return dict(q=randn(2, 77, 3, 32), k=leaf(F.normalize(torch.randn(2, 77, 3, 32, generator=gen), dim=-1)),
+                    v=randn(2, 77, 3, 40), g=leaf(F.logsigmoid(2 + torch.randn(2, 77, 3, generator=gen))),
+                    beta=leaf(torch.rand(2, 77, 3, generator=gen)))
     if op == "ssd":  # T 77: three checkpoint intervals of 32, the last ragged; 4 heads over 2 groups
-        dt = F.softplus(torch.randn(2, 77, 4, generator=gen) - 1).to(device).requires_grad_()
-        A = (-torch.rand(4, generator=gen) - 0.1).to(device).requires_grad_()
+        dt = leaf(F.softplus(torch.randn(2, 77, 4, generator=gen) - 1))
+        A = leaf(-torch.rand(4, generator=gen) - 0.1)
         return dict(x=randn(2, 77, 4, 24), dt=dt, A=A, B=randn(2, 77, 2, 16), C=randn(2, 77, 2, 16), D=randn(4))
-    return dict(u=randn(2, 40, 77), delta=randn(2, 40, 77), A=-torch.rand(40, 16, generator=gen).to(device),
+    return dict(u=randn(2, 40, 77), delta=randn(2, 40, 77), A=leaf(-torch.rand(40, 16, generator=gen)),
                 B=randn(2, 16, 77), C=randn(2, 16, 77), D=randn(40), z=randn(2, 40, 77))
 
 
@@ -315,6 +324,6 @@ def preflight(ops: Iterable[str], device: torch.device | str) -> dict[str, str]:
     return failures
 
 
-__all__ = ["CHUNKED_FROM", "CPU_KERNELS", "MODES", "OPS", "RMSNorm", "check", "disable", "disabled", "forced",
-           "causal_conv1d", "gated_delta_rule", "linear_cross_entropy", "mode", "preflight", "rms_norm", "rope_heads",
-           "selective_scan", "ssd", "swiglu", "use_cpp", "use_triton"]
+__all__ = ["CHUNKED_FROM", "CPU_KERNELS", "MODES", "OPS", "RMSNorm", "SLOWER_ON_GPU", "check", "disable", "disabled",
+           "forced", "causal_conv1d", "gated_delta_rule", "linear_cross_entropy", "mode", "preflight", "rms_norm",
+           "rope_heads", "selective_scan", "ssd", "swiglu", "use_cpp", "use_triton"]

@@ -47,6 +47,16 @@ def test_auto_takes_pytorch_on_cpu_and_a_bad_setting_is_named(monkeypatch):
         dispatch.use_triton("rms_norm", "cpu")
 
 
+def test_auto_leaves_out_on_cuda_a_kernel_measured_slower_than_its_pytorch_path(monkeypatch):
+    """The SSD kernel lost to the chunked PyTorch form on an H200: auto runs that form on CUDA,
+    and ARCHSEARCH_KERNELS=triton still takes the kernel."""
+    monkeypatch.setattr(dispatch, "triton_installed", lambda: True)
+    assert dispatch.SLOWER_ON_GPU == {"ssd"}
+    assert not dispatch.use_triton("ssd", "cuda") and dispatch.use_triton("selective_scan", "cuda")
+    monkeypatch.setenv(dispatch.MODE_VAR, "triton")
+    assert dispatch.use_triton("ssd", "cuda")
+
+
 @pytest.mark.parametrize("mixer, mlp, kernel, seq_len",
                          [("attention", "swiglu", "swiglu_triton", 9),
                           ("mamba", "none", "selective_scan_triton", 9),
