@@ -3,8 +3,8 @@
 Told without importing torch, so that a run's driver (which needs no torch on a CPU) can ask
 `is_built` and build ahead what is missing.
 
-A build is named by everything that makes it differ (`build_inputs`): the kernels' C++ sources
-and flags (the files that hold them), torch's version and the folder its headers come from,
+A build is named by everything that makes it differ (`build_inputs`): its kernels' C++ sources
+and flags (the files that hold them, and no other op's), torch's version and the folder its headers come from,
 Python's version and headers, and the compiler. Two virtual environments on one machine (each
 with its own torch) therefore each build once into folders of their own, instead of rebuilding
 over each other's, and a torch upgrade or a source change builds anew under a new name.
@@ -37,17 +37,23 @@ HERE = Path(__file__).resolve().parent
 # every C++ extension, by what its ops are (for the lines that announce a build)
 EXTENSIONS = {"elementwise": "RMSNorm, SwiGLU, rotary heads, causal conv", "selective_scan": "Mamba's scan",
               "ssd": "Mamba-2's SSD scan", "gated_delta": "Gated DeltaNet's delta rule"}
+# the op folders whose cpu.py each extension compiles: a build's name digests these and cpu_build.py
+# alone, so editing one op's file rebuilds its own extension only (tests/test_cpu_builds.py holds this
+# to what each cpu.py registers)
+SOURCES = {"elementwise": ("causal_conv", "rmsnorm", "rope", "swiglu"), "selective_scan": ("selective_scan",),
+           "ssd": ("ssd",), "gated_delta": ("gated_delta",)}
 # each extension's expected build time where none was measured here yet (2 idle cores, seconds)
 FIRST_GUESS_S = {"elementwise": 40, "selective_scan": 40, "ssd": 40, "gated_delta": 40}
 TIMES_FILE = "build_times.json"  # in the cache's archsearch folder: how long each extension's last build took
 
 
-def build_inputs() -> dict[str, str]:
-    """What a build depends on beside the CPU's vector ISA (in its name apart): the kernel
-    sources and flags (a digest of cpu_build.py and every op's cpu.py), torch's version and
-    package folder (its headers and libraries), Python's version and header folder, the compiler."""
+def build_inputs(extension: str) -> dict[str, str]:
+    """What a build of `extension` depends on beside the CPU's vector ISA (in its name apart):
+    its sources and flags (a digest of cpu_build.py and the cpu.py of each of its ops, `SOURCES`),
+    torch's version and package folder (its headers and libraries), Python's version and header
+    folder, the compiler."""
     digest = hashlib.sha256()
-    for path in sorted([HERE / "cpu_build.py", *HERE.glob("*/cpu.py")]):
+    for path in [HERE / "cpu_build.py", *(HERE / folder / "cpu.py" for folder in SOURCES.get(extension, ()))]:
         digest.update(path.relative_to(HERE).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     try:
         torch_version = importlib.metadata.version("torch")
@@ -60,15 +66,14 @@ def build_inputs() -> dict[str, str]:
             "compiler": os.environ.get("CXX", "c++")}
 
 
-def build_digest(inputs: dict[str, str] | None = None) -> str:
-    """A short digest of `build_inputs` (this environment's when None)."""
-    text = json.dumps(build_inputs() if inputs is None else inputs, sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
+def build_digest(inputs: dict[str, str]) -> str:
+    """A short digest of one extension's `build_inputs`."""
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def build_name(extension: str, isa: str, digest: str | None = None) -> str:
     """The module name `extension` compiles under for the vector `isa` in this environment."""
-    return f"archsearch_{extension}_{isa.lower()}_{digest or build_digest()}"
+    return f"archsearch_{extension}_{isa.lower()}_{digest or build_digest(build_inputs(extension))}"
 
 
 def extensions_root() -> Path:
@@ -144,5 +149,5 @@ def build_lock(name: str, *, say: Callable[[str], None]) -> Iterator[Path]:
         yield folder
 
 
-__all__ = ["EXTENSIONS", "build_digest", "build_dir", "build_inputs", "build_lock", "build_name", "expected_seconds",
-           "extensions_root", "is_built", "record_seconds"]
+__all__ = ["EXTENSIONS", "SOURCES", "build_digest", "build_dir", "build_inputs", "build_lock", "build_name",
+           "expected_seconds", "extensions_root", "is_built", "record_seconds"]

@@ -47,7 +47,7 @@ def fake_build(extension: str, isa: str = "AVX2") -> Path:
 def test_each_input_of_a_build_changes_its_name(changed):
     """Two environments that differ in any one thing a build depends on (another venv's torch
     at another path, another Python, a source edit, another compiler) build under two names."""
-    inputs = cpu_cache.build_inputs()
+    inputs = cpu_cache.build_inputs("elementwise")
     assert set(inputs) == {"sources", "torch", "torch_dir", "python", "python_include", "compiler"}
     other = {**inputs, changed: inputs[changed] + "-other"}
     assert cpu_cache.build_digest(other) != cpu_cache.build_digest(inputs)
@@ -56,14 +56,44 @@ def test_each_input_of_a_build_changes_its_name(changed):
 
 
 def test_the_name_follows_the_kernel_sources_and_this_environment(monkeypatch):
-    inputs = cpu_cache.build_inputs()
+    inputs = cpu_cache.build_inputs("ssd")
     import torch
 
     assert inputs["torch"] == torch.__version__
     assert inputs["torch_dir"] == os.path.realpath(os.path.dirname(torch.__file__))
     monkeypatch.setenv("CXX", "g++")
-    assert cpu_cache.build_inputs()["compiler"] == "g++"
-    assert cpu_cache.build_digest() != cpu_cache.build_digest(inputs)
+    assert cpu_cache.build_inputs("ssd")["compiler"] == "g++"
+    assert cpu_cache.build_digest(cpu_cache.build_inputs("ssd")) != cpu_cache.build_digest(inputs)
+
+
+def test_an_edit_to_one_ops_source_renames_its_own_extension_only(tmp_path, monkeypatch):
+    """A change to ssd/cpu.py (a docstring will do) rebuilds the SSD scan and nothing else; one to
+    cpu_build.py (the prelude and flags every extension compiles with) rebuilds them all."""
+    import shutil
+
+    copy = tmp_path / "archsearch_kernels"
+    shutil.copytree(cpu_cache.HERE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(cpu_cache, "HERE", copy)
+    names = {name: cpu_cache.build_name(name, "AVX2") for name in cpu_cache.SOURCES}
+    assert len(set(names.values())) == len(names)
+    (copy / "ssd" / "cpu.py").write_text((copy / "ssd" / "cpu.py").read_text() + "\n# an edit\n")
+    renamed = {name for name in names if cpu_cache.build_name(name, "AVX2") != names[name]}
+    assert renamed == {"ssd"}
+    (copy / "cpu_build.py").write_text((copy / "cpu_build.py").read_text() + "\n# an edit\n")
+    assert all(cpu_cache.build_name(name, "AVX2") != names[name] for name in names)
+
+
+def test_each_extension_digests_the_files_that_hold_its_kernels():
+    """`SOURCES` (told without importing torch) names, for each extension, the op folders whose
+    cpu.py registers a part of it: every registered C++ source is in one of its files."""
+    from archsearch_kernels import cpu_build, dispatch  # noqa: F401  (imports every cpu.py)
+
+    extensions = {extension.name: extension for extension in cpu_build._ALL}
+    assert set(cpu_cache.SOURCES) <= set(extensions) and set(cpu_cache.SOURCES) == set(cpu_cache.EXTENSIONS)
+    for name, folders in cpu_cache.SOURCES.items():
+        texts = [(cpu_cache.HERE / folder / "cpu.py").read_text() for folder in folders]
+        for op, part in extensions[name]._parts.items():
+            assert any(part.source in text for text in texts), f"{name}: {op}'s source is in none of {folders}"
 
 
 def test_a_build_is_found_in_its_own_folder_for_its_isa(cache):
