@@ -25,6 +25,8 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from archsearch.units import axis_value
+
 # C0/C1 control characters (ESC starts every ANSI sequence) and the bidi
 # overrides that reorder what a terminal shows.
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
@@ -174,6 +176,8 @@ def _print(out: Console, table: Table, *, wide: bool, note: str | None = None,
 
 def _axis(value) -> str:
     """An axis value as the user wrote it (``3.0``, ``1e-05``), numbers without separators."""
+    if isinstance(value, bool):
+        return axis_value(value)
     return plain(value) if isinstance(value, float) else _fmt(value)
 
 

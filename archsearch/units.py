@@ -4,6 +4,14 @@ spelling every table, progress line and figure uses."""
 from __future__ import annotations
 
 
+def axis_value(value: object) -> str:
+    """An axis value as a study file writes it: ``true``/``false``, ``null``, anything else as ``str``
+    (``memory=false`` in a label reads as the study says it, and `compare --baseline` takes it back)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "null" if value is None else str(value)
+
+
 def duration(seconds: float) -> str:
     """``45`` -> ``45 s``; ``600`` -> ``10.0 min``; ``7200`` -> ``2.0 h``; ``259200`` -> ``3.0 d``."""
     if seconds < 90:

@@ -107,7 +107,7 @@ def test_exit_curve_with_and_without_adaptation(store):
 
 @pytest.mark.parametrize("args, message", [
     (["prune", "looped"], "stack models only; this model is 'looped'"),
-    (["exit", "stack"], "exit_gate=True"),
+    (["exit", "stack"], "exit_gate=true"),
     (["rho", "nope"], "no trial nope in"),
     (["rho", "stack", "--mode", "fp4"], "unknown rho mode 'fp4'"),
     (["exit", "looped", "--thresholds", "0.5,2"], "must be in (0, 1]"),

@@ -15,6 +15,7 @@ import pytest
 from scipy import stats
 
 from archsearch import analysis
+from archsearch.analysis.arms import arm_labels
 from tests.analysis_support import cli_json, one_line_error, protocol_loss, protocol_store, write_store
 
 SEEDS = range(5)
@@ -292,14 +293,17 @@ def test_too_few_seeds_at_one_target_says_how_to_pool():
         analysis.compare_arms(rows, baseline="transformer", by="family")
 
 
-def test_a_boolean_baseline_is_named_as_a_study_file_writes_it():
-    """Labels show a boolean axis as Python prints it (False); a baseline
-    written as YAML writes it (false, memory=false) names the same arm."""
+def test_a_boolean_arm_reads_as_a_study_file_writes_it():
+    """Labels show a boolean axis as the study file writes it (false, memory=false), and a
+    baseline written so, or as Python prints it (False), names that arm."""
     rng = np.random.default_rng(3)
     rows = [dict(axes={"memory": memory}, seed=s, val_loss=3.0 + 0.1 * memory + rng.normal(0, 0.01))
             for s in SEEDS for memory in (False, True)]
     for baseline in ("False", "false", "memory=false"):
         result = analysis.compare_arms(rows, baseline=baseline)
-        assert result.baseline == "False" and result.get("True").difference == pytest.approx(0.1, abs=0.02)
+        assert result.baseline == "false" and result.get("true").difference == pytest.approx(0.1, abs=0.02)
+    two = [dict(axes={"memory": memory, "layers": layers}) for memory in (False, True) for layers in (1, 2)]
+    assert arm_labels(two) == ["memory=false, layers=1", "memory=false, layers=2",
+                              "memory=true, layers=1", "memory=true, layers=2"]
     with pytest.raises(ValueError, match="no arm matches baseline 'no'"):
         analysis.compare_arms(rows, baseline="no")

@@ -208,7 +208,7 @@ def test_cache_hole_adaptation_trains_a_copy_and_refuses_models_without_a_gate()
     adapted = adapt_cache_holes(model, batches(count=3, seed=1), cache_hole=1.0, lr=1e-2)
     assert any(not torch.equal(a, b) for a, b in zip(adapted.parameters(), model.parameters()))
     assert adapted.options == model.options and not adapted.training
-    with pytest.raises(ValueError, match="exit_gate=True"):
+    with pytest.raises(ValueError, match="exit_gate=true"):
         exit_curve(model_with(), batches())
 
 

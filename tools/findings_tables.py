@@ -52,6 +52,8 @@ import re
 import sys
 from pathlib import Path
 
+from archsearch.units import axis_value
+
 ROOT = Path(__file__).resolve().parent.parent
 FINDINGS = ROOT / "docs" / "findings"
 OPEN = re.compile(r"^<!-- table (\w+)((?: [\w.]+=\S+)*) -->$")
@@ -262,7 +264,7 @@ def arms_table(page: str, options: dict) -> list[str]:
     axes = [json.loads(a) if isinstance(a, str) else a for a in data.column("axes").to_pylist()]
     arms: dict[str, list[int]] = {}
     for i, row in enumerate(axes):
-        label = " ".join(str(row[key] if key in row else data.column(key)[i].as_py()) for key in by
+        label = " ".join(axis_value(row[key] if key in row else data.column(key)[i].as_py()) for key in by
                          if key in row or key in data.column_names)
         arms.setdefault(label, []).append(i)
     head = ["arm", "seeds", "params"] + [f"{m} (mean ± 95%)" for m in metrics]

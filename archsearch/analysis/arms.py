@@ -17,6 +17,8 @@ import json
 from collections import defaultdict
 from typing import Any
 
+from archsearch.units import axis_value
+
 # The match kinds of a protocol's baseline arm (planner._baseline_arm), as a reader names them.
 PROTOCOLS = {"iso_param": "iso-param", "iso_flop": "iso-FLOP"}
 
@@ -51,7 +53,7 @@ def axis_text(row: dict, axis: str) -> str:
     """
     if axis == "arm" and row.get("match") in PROTOCOLS:
         return baseline_text(row)
-    return str(row["axes"].get(axis))
+    return axis_value(row["axes"].get(axis))
 
 
 def baseline_text(row: dict) -> str:

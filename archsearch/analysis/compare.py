@@ -53,6 +53,7 @@ import pyarrow as pa
 
 from archsearch.analysis.arms import PROTOCOLS, arm_label, arm_labels
 from archsearch.analysis.tables import as_table, numeric_column
+from archsearch.units import axis_value
 
 # permutation resamples when the exact set is larger (scipy enumerates it when it is not)
 RESAMPLES = 9_999
@@ -291,11 +292,12 @@ def _label(pairs: list[tuple[str, Any]], *, bare: bool) -> str:
 def _text(value: Any) -> str:
     if isinstance(value, float) and value.is_integer() and abs(value) >= 1e4:
         return f"{value:.4g}"
-    return str(value)
+    return axis_value(value)
 
 
 def _yaml_spelling(word: str) -> str:
-    """A boolean value as a study file writes it (``memory=false``), as labels show it (``memory=False``)."""
+    """A boolean value as a study file writes it (``memory=false``, as labels show it), also when a
+    baseline is given in Python's spelling (``memory=False``)."""
     head, sep, value = word.rpartition("=")
     return head + sep + value.lower() if value in ("True", "False") else word
 

@@ -35,7 +35,7 @@ def check_exit_model(model: nn.Module) -> None:
     """A ValueError unless ``model`` is a looped model with an exit gate and at least two loops."""
     structure = getattr(getattr(model, "spec", None), "structure", type(model).__name__)
     if structure != "looped" or getattr(model, "exit_gate", None) is None or model.options.loops < 2:
-        raise ValueError(f"early exit needs a looped model with exit_gate=True and loops >= 2; this model is "
+        raise ValueError(f"early exit needs a looped model with exit_gate=true and loops >= 2; this model is "
                          f"'{structure}'" + (" without an exit gate" if structure == "looped" else ""))
 
 

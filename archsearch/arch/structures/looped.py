@@ -196,7 +196,7 @@ class Looped(LanguageModel):
         to exit where the next loop stops improving each token's loss. Mean
         over scored tokens and the L - 1 gates."""
         if self.exit_gate is None or self.options.loops < 2:
-            raise ValueError("looped: the gate's training stage needs exit_gate=True and loops >= 2")
+            raise ValueError("looped: the gate's training stage needs exit_gate=true and loops >= 2")
         with torch.no_grad():
             states = self.loops(self.embed(inputs_BT), keep_all=True, exits=False).states
             ce_BTL = torch.stack([_cross_entropy(self.logits(h_BTD), targets_BT) for h_BTD in states], dim=-1)

@@ -42,7 +42,7 @@ def loop_options(spec: ArchSpec) -> LoopOptions:
     if not 0 <= opts.cache_hole <= 1:
         raise ValueError(f"looped: cache_hole must be in [0, 1], got {opts.cache_hole}")
     if (opts.exit_threshold is not None or opts.cache_hole > 0) and not opts.exit_gate:
-        raise ValueError("looped: exit_threshold and cache_hole need exit_gate=True")
+        raise ValueError("looped: exit_threshold and cache_hole need exit_gate=true")
     return opts
 
 
