@@ -241,7 +241,7 @@ def test_shared_weights_are_counted_once(gate):
 @pytest.mark.parametrize("options,message", [
     (dict(), r"options\['loops'\] is required"),
     (dict(loops=0), "loops must be an int >= 1, got 0"),
-    (dict(loops=2, exit_threshold=0.5), "exit_threshold and cache_hole need exit_gate=True"),
+    (dict(loops=2, exit_threshold=0.5), "exit_threshold and cache_hole need exit_gate=true"),
     (dict(loops=2, exit_gate=True, exit_threshold=1.5), r"exit_threshold must be in \(0, 1\], got 1.5"),
     (dict(loops=2, loop=3), r"unknown options \['loop'\]"),
 ], ids=["no-loops", "zero-loops", "threshold-without-gate", "threshold-above-one", "misspelt-option"])
