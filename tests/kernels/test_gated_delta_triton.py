@@ -109,18 +109,22 @@ def test_bf16_on_a_gpu_matches_the_fp32_reference():
 @pytest.mark.slow
 def test_kernels_compile_for_an_h100_within_its_shared_memory():
     """The interpreter cannot see what a GPU refuses; compiled ahead of time for sm_90 (no GPU
-    needed), every kernel at the model's sizes (L 64, K = V = 128, bf16) fits in a block's
-    227 KB of shared memory, and a tighter limit is reported as a failure naming the kernels."""
+    needed), every kernel at the model's sizes (K = V = 128, bf16) fits in a block's 227 KB of
+    shared memory in chunks of 64, and in 100 KB in the default chunks of 32; a tighter limit is
+    reported as a failure naming the kernels."""
     pytest.importorskip("triton")
     import subprocess
     import sys
     from pathlib import Path
 
     script = Path(__file__).resolve().parents[2] / "benchmarks" / "compile_gated_delta_sm90.py"
-    fits = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
+    fits = subprocess.run([sys.executable, str(script), "--chunk", "64"], capture_output=True, text=True)
     assert fits.returncode == 0, fits.stderr[-2000:]
     assert [line.split()[0] for line in fits.stdout.splitlines()[1:]] == [
         "_fwd_prepare", "_fwd_states", "_fwd_output", "_bwd_states", "_bwd_chunk"]
-    tight = subprocess.run([sys.executable, str(script), "--shared-kb", "100"], capture_output=True, text=True)
+    default = subprocess.run([sys.executable, str(script), "--shared-kb", "100"], capture_output=True, text=True)
+    assert default.returncode == 0 and " L 32 " in default.stdout, default.stdout + default.stderr[-2000:]
+    tight = subprocess.run([sys.executable, str(script), "--chunk", "64", "--shared-kb", "100"], capture_output=True,
+                           text=True)
     assert tight.returncode == 1
     assert "over 100.0 KB of shared memory: _fwd_states, _bwd_states, _bwd_chunk" in tight.stderr
