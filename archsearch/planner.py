@@ -39,7 +39,7 @@ from archsearch.errors import SpecError
 from archsearch.space.expand import check_trial_count, expand
 from archsearch.space.schema import Study
 from archsearch.space.training import deciding, planned_steps
-from archsearch.units import axis_value
+from archsearch.units import axes_text
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -235,7 +235,7 @@ def twin_lines(trials: list[PlannedTrial]) -> list[str]:
 
 
 def _arm_label(axes: dict) -> str:
-    return " ".join(f"{k}={axis_value(v)}" for k, v in axes.items()) or "the same axes"
+    return axes_text(axes) or "the same axes"
 
 
 @dataclass(frozen=True)
@@ -378,7 +378,7 @@ def evaluations(recipe: dict, steps: int) -> int:
 
 
 def _named(point: dict) -> str:
-    return "trial (" + ", ".join(f"{k}={axis_value(v)}" for k, v in point.items()) + ")"
+    return f"trial ({axes_text(point, separator=', ')})"
 
 
 def _check_carry(study: Study, spec: ArchSpec) -> None:

@@ -12,6 +12,11 @@ def axis_value(value: object) -> str:
     return "null" if value is None else str(value)
 
 
+def axes_text(axes: dict, *, leave_out: tuple[str, ...] = (), separator: str = " ") -> str:
+    """``num_layers=2 memory=false``: the axes (but ``leave_out``) as ``name=value``, in their order."""
+    return separator.join(f"{name}={axis_value(value)}" for name, value in axes.items() if name not in leave_out)
+
+
 def duration(seconds: float) -> str:
     """``45`` -> ``45 s``; ``600`` -> ``10.0 min``; ``7200`` -> ``2.0 h``; ``259200`` -> ``3.0 d``."""
     if seconds < 90:

@@ -13,13 +13,13 @@ from collections import defaultdict
 
 import plotly.graph_objects as go
 
-from archsearch.units import axis_value
+from archsearch.units import axes_text
 from archsearch_dashboards.arms import PALETTE, arm_colours, group_labels, text, varying_axes
 from archsearch_dashboards.figures import TEMPLATE, thin
 
 def running_label(trial: dict) -> str:
     """A running trial in a few words: its short id, family and axes."""
-    axes = " ".join(f"{k}={axis_value(v)}" for k, v in sorted(trial["axes"].items()) if k != "family")
+    axes = axes_text(dict(sorted(trial["axes"].items())), leave_out=("family",))
     return f"{trial['trial_id'][:8]} {trial['family']} {axes}".strip()
 
 

@@ -4,8 +4,8 @@ Told without importing torch, so that a run's driver (which needs no torch on a 
 `is_built` and build ahead what is missing.
 
 A build is named by everything that makes it differ (`build_inputs`): its kernels' C++ sources
-and flags (the files that hold them, and no other op's), torch's version and the folder its headers come from,
-Python's version and headers, and the compiler. Two virtual environments on one machine (each
+and flags (the files that hold them, and no other op's), torch's version and the folder its
+headers come from, Python's version and headers, and the compiler. Two virtual environments on one machine (each
 with its own torch) therefore each build once into folders of their own, instead of rebuilding
 over each other's, and a torch upgrade or a source change builds anew under a new name.
 

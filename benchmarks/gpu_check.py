@@ -97,8 +97,8 @@ def inputs_for(op: str, s: Sizes, device: str, dtype: torch.dtype) -> dict[str, 
                     B=leaf(B, T, 1, N, scale=N ** -0.5), C=leaf(B, T, 1, N, scale=N ** -0.5), D=leaf(H))
     E, N = s.scan_channels, s.scan_state  # selective_scan
     return dict(u=leaf(B, E, T), delta=leaf(B, E, T, scale=0.5, fn=lambda x: x - 2),
-                A=leaf(E, N, fn=lambda x: -torch.rand(E, N, generator=gen) * 4 - 0.1), B=leaf(B, N, T), C=leaf(B, N, T), D=leaf(E),
-                z=leaf(B, E, T))
+                A=leaf(E, N, fn=lambda x: -torch.rand(E, N, generator=gen) * 4 - 0.1), B=leaf(B, N, T),
+                C=leaf(B, N, T), D=leaf(E), z=leaf(B, E, T))
 
 
 def _version(module: str) -> str | None:

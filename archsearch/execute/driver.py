@@ -44,7 +44,7 @@ from archsearch.planner import PlannedTrial, plan, training_key, twin_lines
 from archsearch.search import Job, Searcher
 from archsearch.space.schema import Study
 from archsearch.store import RunLock, Store, checkpoint_dir, divergence, open_store
-from archsearch.units import axis_value
+from archsearch.units import axes_text
 
 DEFAULT_HEARTBEAT_S = 30.0
 # Evaluation points of running trials reach the store at most this late.
@@ -469,8 +469,7 @@ def _result(row: dict) -> dict:
 
 def _label(trial: PlannedTrial) -> str:
     """The trial's arm in a few words: its family and the axes it was planned at."""
-    axes = " ".join(f"{k}={axis_value(v)}" for k, v in trial.axes.items() if k != "family")
-    return f"{trial.spec.family} {axes}".strip()
+    return f"{trial.spec.family} {axes_text(trial.axes, leave_out=('family',))}".strip()
 
 
 def _one_line(err: BaseException) -> str:

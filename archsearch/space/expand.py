@@ -18,7 +18,7 @@ from pydantic import TypeAdapter, ValidationError
 from archsearch.errors import SpecError
 from archsearch.space.expr import Expr, ExprError, order_derived, parse
 from archsearch.space.schema import FAMILY_AXES, MAMBA2_AXES, Axes, Axis, Space, Study
-from archsearch.units import axis_value
+from archsearch.units import axes_text
 
 MAX_POINTS = 100_000
 # Trials one study may plan (points x targets x seeds x learning rates x arms):
@@ -259,7 +259,7 @@ def _evaluate(space: Space, loc: tuple, expr: Expr, env: dict) -> Any:
     try:
         return expr.evaluate(env)
     except ExprError as err:
-        where = ", ".join(f"{k}={axis_value(v)}" for k, v in env.items())
+        where = axes_text(env, separator=", ")
         raise _origin_error(space, loc, f"{err.message} (at {where})", err.hint or "") from None
 
 

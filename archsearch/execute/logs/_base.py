@@ -20,7 +20,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Protocol
 
 from archsearch.errors import ArchsearchError
-from archsearch.units import axis_value
+from archsearch.units import axes_text
 
 if TYPE_CHECKING:
     from archsearch.planner import PlannedTrial
@@ -64,11 +64,10 @@ def require(module: str, extra: str) -> ModuleType:
 def arm_name(trial: PlannedTrial) -> str:
     """The trial's arm in words: its family, then its other axes (a swept lr aside, a
     protocol's baseline saying which): ``transformer num_layers=2 taper.shape=cosine``."""
-    parts = [str(trial.axes.get("family", trial.spec.family))]
-    parts += [f"{name}={axis_value(value)}" for name, value in trial.axes.items() if name not in ("family", "lr")]
+    parts = [str(trial.axes.get("family", trial.spec.family)), axes_text(trial.axes, leave_out=("family", "lr"))]
     if trial.match.startswith("iso_"):  # a protocol's baseline: iso_param or iso_flop
         parts.append(f"baseline={trial.match}")
-    return " ".join(parts)
+    return " ".join(part for part in parts if part)
 
 
 def path_part(text: str) -> str:
