@@ -33,6 +33,13 @@ def clean_setting(monkeypatch):
     monkeypatch.setenv(dispatch.DISABLE_VAR, "")
 
 
+@pytest.fixture(params=["rows", "lanes"])
+def walk(request, monkeypatch):
+    """Each test once per walk of the kernel, whatever the shape would choose."""
+    monkeypatch.setattr(cpu, "by_lanes", lambda *sizes: request.param == "lanes")
+    return request.param
+
+
 def assert_matches_naive(inputs):
     assert_same_outputs_and_grads(lambda **kw: run(gated_delta_rule_naive, kw),
                                   lambda **kw: run(cpu.gated_delta_rule_cpu, kw), inputs, ATOL)
@@ -40,17 +47,18 @@ def assert_matches_naive(inputs):
 
 @pytest.mark.parametrize("shape", [*SHAPES,
                                    pytest.param(Shape(2, 2 * cpu.SPAN + 5, 3, 9, 5, None), id="T37-three-spans-K9-V5"),
-                                   pytest.param(Shape(1, cpu.SPAN, 2, 16, 16, None), id="T16-one-whole-span")])
-def test_matches_naive_forward_state_and_every_gradient(shape):
+                                   pytest.param(Shape(1, cpu.SPAN, 2, 16, 16, None), id="T16-one-whole-span"),
+                                   pytest.param(Shape(3, cpu.SPAN + 7, 7, 16, 16, None), id="21-pairs-K16")])
+def test_matches_naive_forward_state_and_every_gradient(shape, walk):
     assert_matches_naive(make_inputs(shape))
 
 
-def test_strong_decay_stays_finite_and_matches():
+def test_strong_decay_stays_finite_and_matches(walk):
     """Log-decays near -30 a step, where the state forgets everything between steps."""
     assert_matches_naive(make_inputs(Shape(2, 40, 2, 6, 5, None), g_offset=-30.0))
 
 
-def test_without_initial_state():
+def test_without_initial_state(walk):
     inputs = make_inputs(Shape(2, 21, 3, 4, 6, None))
     bare = {name: inputs[name] for name in ("q", "k", "v", "g", "beta")}
     o_ref, o_out = gated_delta_rule_naive(**bare), cpu.gated_delta_rule_cpu(**bare)
@@ -84,7 +92,7 @@ def test_dispatch_takes_the_cpp_kernel_on_float32_cpu_and_the_chunked_form_other
     assert calls == [1]
 
 
-def test_an_empty_sequence_passes_the_state_through():
+def test_an_empty_sequence_passes_the_state_through(walk):
     """T = 0: no output, the last state is the initial one, and its gradient passes back unchanged."""
     inputs = make_inputs(Shape(2, 0, 3, 4, 5, None))
     o, last = run(cpu.gated_delta_rule_cpu, inputs)
@@ -92,3 +100,10 @@ def test_an_empty_sequence_passes_the_state_through():
     d_last = torch.randn_like(last)
     (grad,) = torch.autograd.grad((last * d_last).sum(), [inputs["initial_state"]])
     assert torch.equal(grad, d_last)
+
+
+def test_the_lane_walk_takes_small_heads_with_a_group_of_pairs():
+    """Lanes where a head's state is small and the pairs fill a group; rows otherwise."""
+    assert cpu.by_lanes(8, 8, 16, 16) and cpu.by_lanes(1, cpu.LANES, 32, 32)
+    assert not cpu.by_lanes(1, cpu.LANES - 1, 16, 16)
+    assert not cpu.by_lanes(8, 8, 64, 64)
