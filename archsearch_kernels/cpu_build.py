@@ -78,6 +78,22 @@ inline float exp_lane(float x) {
   return x > hi ? INFINITY : out;
 }
 
+// n floats aligned to a cache line, so that no 64-byte vector of them straddles two lines (one that
+// does costs two loads or stores; malloc's large blocks start 16 bytes past a line)
+class Lines {
+ public:
+  explicit Lines(int64_t n)
+      : raw_(n + 16), at_(reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(raw_.data()) + 63) & ~uintptr_t{63})) {}
+  Lines(const Lines&) = delete;
+  Lines& operator=(const Lines&) = delete;
+  float* data() { return at_; }
+  float& operator[](int64_t i) { return at_[i]; }
+
+ private:
+  std::vector<float> raw_;
+  float* at_;
+};
+
 inline void check_float(const at::Tensor& x, const char* name) {
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.device().is_cpu(), name, ": expected a float32 CPU tensor");
 }

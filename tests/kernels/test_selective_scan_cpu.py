@@ -45,7 +45,7 @@ def assert_matches_naive(inputs):
                                   lambda **kw: run(cpu.selective_scan_cpu, kw), inputs, ATOL)
 
 
-@pytest.mark.parametrize("shape", [*SHAPES, pytest.param(Shape(3, 70, 16, 33, 0), id="E70-over-two-blocks-N16")])
+@pytest.mark.parametrize("shape", [*SHAPES, pytest.param(Shape(3, 70, 16, 33, 0), id="E70-four-groups-of-lanes-and-a-part-N16")])
 def test_matches_naive_forward_state_and_every_gradient(shape):
     assert_matches_naive(make_inputs(shape))
 
@@ -82,8 +82,9 @@ def test_zero_step_keeps_the_state_exactly():
 
 
 def test_strided_views_as_a_mamba_layer_passes_them():
-    """u, delta, z as [B, E, T] views of [B, T, E]; B and C as views of one [B, T, R + 2N] projection."""
-    b, e, n, t = 2, 6, 4, 9
+    """u, delta, z as [B, E, T] views of [B, T, E] (the kernel's own layout, not copied); B and C as
+    views of one [B, T, R + 2N] projection."""
+    b, e, n, t = 2, cpu.LANES + 6, 4, 9
     inputs = make_inputs(Shape(b, e, n, t, 0))
     u, delta, z = (inputs[k].detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_()
                    for k in ("u", "delta", "z"))
