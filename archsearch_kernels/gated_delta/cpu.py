@@ -29,9 +29,10 @@ each step's sums over V (dq, dk and the decay's gradient, per row of the state) 
 reduction across a vector's lanes; at V = 16 a row is one vector and those reductions are most of
 the backward. The lane walk (`lanes` below) takes 16 (batch, head) pairs side by side, one per
 vector lane, so every sum is a per-lane multiply-add; its inputs are copied into that layout a
-span at a time. It runs where a head's state is small and the pairs fill a group of lanes
-(`by_lanes`): at B 8, T 256, H 8, K = V = 16 it takes 0.63x the row walk's CPU time forward and
-backward (one thread), and at K = V = 64, where the state no longer stays in L1, 1.5x.
+span at a time, and every scratch is aligned to a cache line. It runs where a head's state is
+small and the pairs fill a group of lanes (`by_lanes`). Forward and backward at B 8, T 256, one
+thread, against the row walk: 0.57x the CPU time at H 8, K = V = 16, 0.69x at H 4, K = V = 32,
+0.88x at 48 and 1.16x at 64, where the row walk is left to run.
 
 Building: `RULE` (archsearch_kernels/cpu_build.py) compiles the source below on first use, once per
 Python environment, and checks it against the reference on small odd shapes. If it does not
@@ -49,10 +50,10 @@ from ..cpu_build import Extension, compare_scans
 # steps between the states the backward keeps; a span's states stay in L1 or L2
 SPAN = 16
 # the lane walk: (batch, head) pairs per group (the C++ `lanes::L`), and the largest head state
-# K V it takes (its [K, V, LANES] state, 64 KiB at K = V = 32, stays in L1 and L2; above, the row
-# walk's vectors over V are long and it is the faster)
+# K V it takes (its [K, V, LANES] state is 144 KiB at K = V = 48; from 64 the row walk's vectors
+# over V are long and it is the faster)
 LANES = 16
-LANE_STATE_MAX = 32 * 32
+LANE_STATE_MAX = 48 * 48
 
 
 def by_lanes(batch: int, heads: int, key_dim: int, value_dim: int) -> bool:
@@ -124,6 +125,8 @@ inline void step(int64_t K, int64_t V, float a, float beta, const float* q_t, co
 // accumulations. Inputs are copied into this layout a span at a time and gradients copied back.
 namespace lanes {
 
+using archsearch_cpu::Lines;
+
 constexpr int64_t L = 16;
 
 int64_t groups(const Rule& s) { return (s.batch * s.heads + L - 1) / L; }
@@ -159,7 +162,7 @@ void unpack(const Rule& s, const float* in, int64_t D, int64_t T, int64_t j, int
 }
 
 struct Span {  // one group's inputs for the steps [t0, t1), lane-minor, with a = exp(g)
-  std::vector<float> q, k, v, a, beta;
+  Lines q, k, v, a, beta;
   Span(int64_t span, int64_t K, int64_t V) : q(span * K * L), k(span * K * L), v(span * V * L), a(span * L), beta(span * L) {}
   void load(const Rule& s, const float* q_p, const float* k_p, const float* v_p, const float* g_p, const float* b_p,
             int64_t j, int64_t t0, int64_t t1) {
@@ -179,7 +182,7 @@ struct Span {  // one group's inputs for the steps [t0, t1), lane-minor, with a 
 inline void step(int64_t K, int64_t V, const float* a, const float* beta, const float* q, const float* k,
                  const float* v, const float* S, float* to, float* r, float* w, float* o) {
   for (int64_t x = 0; x < V; ++x) {
-    float acc[L] = {};
+    alignas(64) float acc[L] = {};
     for (int64_t y = 0; y < K; ++y) {
       const float *ky = k + y * L, *s = S + (y * V + x) * L;
 #pragma omp simd
@@ -219,7 +222,7 @@ void forward(const Rule& s, const float* q_p, const float* k_p, const float* v_p
   const int64_t K = s.K, V = s.V, KV = K * V;
   at::parallel_for(0, groups(s), 1, [&](int64_t begin, int64_t end) {
     Span in(span, K, V);
-    std::vector<float> S(KV * L), r(V * L), w(V * L), out(span * V * L);
+    Lines S(KV * L), r(V * L), w(V * L), out(span * V * L);
     for (int64_t j = begin; j < end; ++j) {
       pack(s, S0_p, KV, 1, j, 0, 1, S.data());
       for (int64_t t0 = 0; t0 < s.steps; t0 += span) {
@@ -242,9 +245,9 @@ void backward(const Rule& s, const float* q_p, const float* k_p, const float* v_
   const int64_t K = s.K, V = s.V, KV = K * V, spans = std::max<int64_t>(1, (s.steps + span - 1) / span);
   at::parallel_for(0, groups(s), 1, [&](int64_t begin, int64_t end) {
     Span in(span, K, V);
-    std::vector<float> starts(spans * KV * L), run(span * KV * L), recalls(span * V * L), writes(span * V * L);
-    std::vector<float> dS(KV * L), dO(span * V * L), dQ(span * K * L), dK(span * K * L), dV(span * V * L);
-    std::vector<float> dG(span * L), dBeta(span * L), dw(V * L), dr(V * L), scratch(2 * V * L);
+    Lines starts(spans * KV * L), run(span * KV * L), recalls(span * V * L), writes(span * V * L);
+    Lines dS(KV * L), dO(span * V * L), dQ(span * K * L), dK(span * K * L), dV(span * V * L);
+    Lines dG(span * L), dBeta(span * L), dw(V * L), dr(V * L), scratch(2 * V * L);
     for (int64_t j = begin; j < end; ++j) {
       pack(s, S0_p, KV, 1, j, 0, 1, starts.data());
       for (int64_t sp = 1; sp < spans; ++sp) {
@@ -271,11 +274,11 @@ void backward(const Rule& s, const float* q_p, const float* k_p, const float* v_
           const float *do_t = dO.data() + i * V * L, *prev = run.data() + i * KV * L;
           const float *r = recalls.data() + i * V * L, *w = writes.data() + i * V * L;
           float *dq_t = dQ.data() + i * K * L, *dk_t = dK.data() + i * K * L, *dv_t = dV.data() + i * V * L;
-          float da[L] = {}, dbt[L] = {};
-          std::fill(dw.begin(), dw.end(), 0.0f);
+          alignas(64) float da[L] = {}, dbt[L] = {};
+          std::fill(dw.data(), dw.data() + V * L, 0.0f);
           for (int64_t y = 0; y < K; ++y) {  // dS_t = dS + q do^T; dq = S_t do; dw = dS_t^T k; dk = dS_t w
             const float *qy = q_t + y * L, *ky = k_t + y * L;
-            float dq_acc[L] = {}, dk_acc[L] = {};
+            alignas(64) float dq_acc[L] = {}, dk_acc[L] = {};
             for (int64_t x = 0; x < V; ++x) {
               const float *p = prev + (y * V + x) * L, *wx = w + x * L, *dox = do_t + x * L;
               float *gx = dS.data() + (y * V + x) * L, *dwx = dw.data() + x * L;
@@ -307,7 +310,7 @@ void backward(const Rule& s, const float* q_p, const float* k_p, const float* v_
           }
           for (int64_t y = 0; y < K; ++y) {  // dk += a S_{t-1} dr; dS_{t-1} = a (dS_t + k dr^T)
             const float* ky = k_t + y * L;
-            float acc[L] = {};
+            alignas(64) float acc[L] = {};
             for (int64_t x = 0; x < V; ++x) {
               const float *p = prev + (y * V + x) * L, *drx = dr.data() + x * L;
               float* gx = dS.data() + (y * V + x) * L;
