@@ -37,8 +37,10 @@ was scheduled. Against the one-channel-at-a-time form, forward and backward take
 time at B 8, E 224, T 256, N 16, 0.44x at B 2, E 256, T 2048, and 0.96x at N 64, T 512 (one
 thread, median of 9 interleaved calls, both built in one process).
 
-Delta's bias and softplus, the skip D u and the gate silu(z) are [B, E, T] elementwise work and
-stay in PyTorch around the kernel, differentiated by autograd.
+The skip D u and the gate silu(z) are taken at each step's readout, y_t = (<h_t, C_t> + D u_t)
+silu(z_t), and differentiated in the walk back (the readouts <h_t, C_t> are kept from the rerun),
+which saves the [B, E, T] elementwise passes around the kernel and autograd's for them. Delta's
+bias and softplus stay in PyTorch before it.
 
 Building: `SCAN` (archsearch_kernels/cpu_build.py) compiles the source below on first use (about a minute),
 once per machine, and checks it against the reference on small odd shapes. If it does not
@@ -83,16 +85,6 @@ void check_channel_minor(const at::Tensor& x, const char* name) {
   check(x, name, 3);
   TORCH_CHECK(x.stride(1) == 1, name, ": expected unit stride in E ([B, T, E] memory, seen as [B, E, T])");
 }
-
-void check_inputs(const at::Tensor& u, const at::Tensor& delta, const at::Tensor& A,
-                  const at::Tensor& Bm, const at::Tensor& Cm, const at::Tensor& h0) {
-  check_channel_minor(u, "u"); check_channel_minor(delta, "delta"); check(A, "A", 2); check(Bm, "B", 3);
-  check(Cm, "C", 3); check(h0, "initial_state", 3);
-  TORCH_CHECK(A.is_contiguous() && h0.is_contiguous(), "A and initial_state must be contiguous");
-  TORCH_CHECK(Bm.stride(2) == 1 && Cm.stride(2) == 1, "B and C ([B, T, N]) must be contiguous in N");
-  TORCH_CHECK(delta.sizes() == u.sizes(), "delta must have u's shape [B, E, T]");
-}
-
 
 using archsearch_cpu::Lines;
 
@@ -157,26 +149,63 @@ struct Group {  // channels e0 .. e0 + width - 1 of batch row b
 
 int64_t groups(int64_t channels) { return (channels + L - 1) / L; }
 
-void forward(const Strides& su, const Strides& sd, const Strides& sy, int64_t batch, int64_t channels,
-             int64_t steps, int64_t N, const float* u_p, const float* d_p, const float* A_p, const float* B_p,
-             int64_t sBb, int64_t sBt, const float* C_p, int64_t sCb, int64_t sCt, const float* h0_p, float* y_p,
-             float* last_p) {
-  const int64_t per_row = groups(channels);
-  at::parallel_for(0, batch * per_row, 1, [&](int64_t begin, int64_t end) {
+inline float sigmoid_lane(float z) { return 1.0f / (1.0f + exp_lane(-z)); }
+
+struct Inputs {  // the forward's tensors; D and z null when absent
+  int64_t batch, channels, steps, N;
+  Strides su, sd, sz;
+  const float *u, *delta, *A, *B, *C, *h0, *D, *z;
+  int64_t sBb, sBt, sCb, sCt;
+
+  // u, delta, z [B, E, T] with unit stride in E; A [E, N]; Bm, Cm [B, T, N] (unit stride in N);
+  // h0 [B, E, N]; D [E]; an empty D or z stands for none
+  Inputs(const at::Tensor& u_, const at::Tensor& delta_, const at::Tensor& A_, const at::Tensor& Bm,
+         const at::Tensor& Cm, const at::Tensor& h0_, const at::Tensor& D_, const at::Tensor& z_)
+      : batch(u_.size(0)), channels(u_.size(1)), steps(u_.size(2)), N(A_.size(1)), su(u_), sd(delta_), sz(z_.numel() ? z_ : u_),
+        u(u_.data_ptr<float>()), delta(delta_.data_ptr<float>()), A(A_.data_ptr<float>()), B(Bm.data_ptr<float>()),
+        C(Cm.data_ptr<float>()), h0(h0_.data_ptr<float>()), D(D_.numel() ? D_.data_ptr<float>() : nullptr),
+        z(z_.numel() ? z_.data_ptr<float>() : nullptr), sBb(Bm.stride(0)), sBt(Bm.stride(1)), sCb(Cm.stride(0)),
+        sCt(Cm.stride(1)) {}
+};
+
+Inputs inputs(const at::Tensor& u, const at::Tensor& delta, const at::Tensor& A, const at::Tensor& Bm,
+              const at::Tensor& Cm, const at::Tensor& h0, const at::Tensor& D, const at::Tensor& z) {
+  check_channel_minor(u, "u"); check_channel_minor(delta, "delta"); check(A, "A", 2); check(Bm, "B", 3);
+  check(Cm, "C", 3); check(h0, "initial_state", 3);
+  TORCH_CHECK(A.is_contiguous() && h0.is_contiguous(), "A and initial_state must be contiguous");
+  TORCH_CHECK(Bm.stride(2) == 1 && Cm.stride(2) == 1, "B and C ([B, T, N]) must be contiguous in N");
+  TORCH_CHECK(delta.sizes() == u.sizes(), "delta must have u's shape [B, E, T]");
+  if (D.numel()) {
+    check(D, "D", 1);
+    TORCH_CHECK(D.is_contiguous() && D.size(0) == u.size(1), "D must be a contiguous [E]");
+  }
+  if (z.numel()) {
+    check_channel_minor(z, "z");
+    TORCH_CHECK(z.sizes() == u.sizes(), "z must have u's shape [B, E, T]");
+  }
+  return Inputs(u, delta, A, Bm, Cm, h0, D, z);
+}
+
+// y = (<h_t, C_t> + D u_t) silu(z_t) in u's layout, and the last state
+void forward(const Inputs& in, const Strides& sy, float* y_p, float* last_p) {
+  const int64_t N = in.N, per_row = groups(in.channels);
+  at::parallel_for(0, in.batch * per_row, 1, [&](int64_t begin, int64_t end) {
     Lines state(N * L), decay_rates(N * L);
     float *h = state.data(), *At = decay_rates.data();
     for (int64_t bg = begin; bg < end; ++bg) {
       const int64_t e0 = (bg % per_row) * L;
-      const Group grp{bg / per_row, e0, std::min(L, channels - e0)};
-      grp.pack_state(A_p, e0, N, At);
-      grp.pack_state(h0_p, grp.b * channels + e0, N, h);
-      for (int64_t t = 0; t < steps; ++t) {
-        alignas(64) float dt[L], dtu[L], acc[L] = {};
-        grp.load(d_p, sd, t, dt);
-        grp.load(u_p, su, t, dtu);
+      const Group grp{bg / per_row, e0, std::min(L, in.channels - e0)};
+      alignas(64) float Dl[L] = {};
+      if (in.D) grp.pack_state(in.D, e0, 1, Dl);
+      grp.pack_state(in.A, e0, N, At);
+      grp.pack_state(in.h0, grp.b * in.channels + e0, N, h);
+      for (int64_t t = 0; t < in.steps; ++t) {
+        alignas(64) float dt[L], ut[L], dtu[L], acc[L] = {};
+        grp.load(in.delta, in.sd, t, dt);
+        grp.load(in.u, in.su, t, ut);
 #pragma omp simd
-        for (int64_t l = 0; l < L; ++l) dtu[l] *= dt[l];
-        const float *B_t = B_p + grp.b * sBb + t * sBt, *C_t = C_p + grp.b * sCb + t * sCt;
+        for (int64_t l = 0; l < L; ++l) dtu[l] = dt[l] * ut[l];
+        const float *B_t = in.B + grp.b * in.sBb + t * in.sBt, *C_t = in.C + grp.b * in.sCb + t * in.sCt;
         for (int64_t n = 0; n < N; ++n) {
           const float Bn = B_t[n], Cn = C_t[n], *An = At + n * L;
           float* hn = h + n * L;
@@ -187,56 +216,81 @@ void forward(const Strides& su, const Strides& sd, const Strides& sy, int64_t ba
             acc[l] += v * Cn;
           }
         }
+#pragma omp simd
+        for (int64_t l = 0; l < L; ++l) acc[l] += Dl[l] * ut[l];
+        if (in.z) {
+          alignas(64) float zt[L];
+          grp.load(in.z, in.sz, t, zt);
+#pragma omp simd
+          for (int64_t l = 0; l < L; ++l) acc[l] *= zt[l] * sigmoid_lane(zt[l]);
+        }
         grp.store(acc, sy, t, y_p);
       }
-      grp.unpack_state(h, grp.b * channels + e0, N, last_p);
+      grp.unpack_state(h, grp.b * in.channels + e0, N, last_p);
     }
   });
 }
 
-// dB, dC: one partial sum per group of L channels, [B, groups, T, N]; dA per channel [B, E, N]
-void backward(const Strides& su, const Strides& sd, const Strides& sg, const Strides& sdu, const Strides& sdd,
-              int64_t batch, int64_t channels, int64_t steps, int64_t N, const float* u_p, const float* d_p,
-              const float* A_p, const float* B_p, int64_t sBb, int64_t sBt, const float* C_p, int64_t sCb,
-              int64_t sCt, const float* h0_p, const float* dy_p, const float* dlast_p, float* du_p, float* dd_p,
-              float* dh0_p, float* dA_p, float* dBp, float* dCp) {
-  const int64_t per_row = groups(channels);
-  at::parallel_for(0, batch * per_row, 1, [&](int64_t begin, int64_t end) {
-    // hs[t + 1]: the state after step t (hs[0] = h0), as[t]: step t's decays, both [N][L]
-    Lines states((steps + 1) * N * L), decays(steps * N * L), decay_rates(N * L), carry(N * L), grad_A(N * L);
-    Lines terms_C(N * L), terms_B(N * L);
-    float *hs = states.data(), *as = decays.data(), *At = decay_rates.data(), *g = carry.data(), *gA = grad_A.data();
-    float *to_C = terms_C.data(), *to_B = terms_B.data();
+struct Grads {  // the backward's outputs: du, ddelta, dz like u; the rest per part, summed by torch
+  Strides sdu, sdd, sdz;
+  float *du, *ddelta, *dz, *dh0, *dA, *dD, *dB, *dC;  // dA [B, E, N], dD [B, E], dB, dC [B, groups, T, N]
+};
+
+// dy: the gradient of y (unit stride in E), dlast of the last state
+void backward(const Inputs& in, const float* dy_p, const Strides& sg, const float* dlast_p, const Grads& out) {
+  const int64_t N = in.N, steps = in.steps, per_row = groups(in.channels);
+  at::parallel_for(0, in.batch * per_row, 1, [&](int64_t begin, int64_t end) {
+    // hs[t + 1]: the state after step t (hs[0] = h0), as[t]: step t's decays, both [N][L];
+    // ys[t]: step t's <h_t, C_t>, which the gate's gradient needs
+    Lines states((steps + 1) * N * L), decays(steps * N * L), readouts(steps * L), decay_rates(N * L);
+    Lines carry(N * L), grad_A(N * L), terms_C(N * L), terms_B(N * L);
+    float *hs = states.data(), *as = decays.data(), *ys = readouts.data(), *At = decay_rates.data();
+    float *g = carry.data(), *gA = grad_A.data(), *to_C = terms_C.data(), *to_B = terms_B.data();
     for (int64_t bg = begin; bg < end; ++bg) {
-      const int64_t e0 = (bg % per_row) * L;
-      const Group grp{bg / per_row, e0, std::min(L, channels - e0)};
-      grp.pack_state(A_p, e0, N, At);
-      grp.pack_state(h0_p, grp.b * channels + e0, N, hs);
-      for (int64_t t = 0; t < steps; ++t) {  // the forward again, keeping every state and decay
-        alignas(64) float dt[L], dtu[L];
-        grp.load(d_p, sd, t, dt);
-        grp.load(u_p, su, t, dtu);
-        const float* B_t = B_p + grp.b * sBb + t * sBt;
+      const int64_t e0 = (bg % per_row) * L, row = (bg / per_row) * in.channels + e0;
+      const Group grp{bg / per_row, e0, std::min(L, in.channels - e0)};
+      alignas(64) float Dl[L] = {}, gD[L] = {};
+      if (in.D) grp.pack_state(in.D, e0, 1, Dl);
+      grp.pack_state(in.A, e0, N, At);
+      grp.pack_state(in.h0, row, N, hs);
+      for (int64_t t = 0; t < steps; ++t) {  // the forward again, keeping every state, decay and readout
+        alignas(64) float dt[L], dtu[L], acc[L] = {};
+        grp.load(in.delta, in.sd, t, dt);
+        grp.load(in.u, in.su, t, dtu);
+        const float *B_t = in.B + grp.b * in.sBb + t * in.sBt, *C_t = in.C + grp.b * in.sCb + t * in.sCt;
         for (int64_t n = 0; n < N; ++n) {
-          const float Bn = B_t[n], *An = At + n * L, *prev = hs + (t * N + n) * L;
+          const float Bn = B_t[n], Cn = C_t[n], *An = At + n * L, *prev = hs + (t * N + n) * L;
           float *next = hs + ((t + 1) * N + n) * L, *a_t = as + (t * N + n) * L;
 #pragma omp simd
           for (int64_t l = 0; l < L; ++l) {
-            const float a = exp_lane(dt[l] * An[l]);
+            const float a = exp_lane(dt[l] * An[l]), v = a * prev[l] + dt[l] * dtu[l] * Bn;
             a_t[l] = a;
-            next[l] = a * prev[l] + dt[l] * dtu[l] * Bn;
+            next[l] = v;
+            acc[l] += v * Cn;
           }
         }
+        std::memcpy(ys + t * L, acc, sizeof(acc));
       }
-      grp.pack_state(dlast_p, grp.b * channels + e0, N, g);
+      grp.pack_state(dlast_p, row, N, g);
       std::fill(gA, gA + N * L, 0.0f);
-      float *dB_grp = dBp + bg * steps * N, *dC_grp = dCp + bg * steps * N;
+      float *dB_grp = out.dB + bg * steps * N, *dC_grp = out.dC + bg * steps * N;
       for (int64_t t = steps - 1; t >= 0; --t) {
         alignas(64) float dt[L], ut[L], gy[L], decay_part[L] = {}, input_part[L] = {};
-        grp.load(d_p, sd, t, dt);
-        grp.load(u_p, su, t, ut);
+        grp.load(in.delta, in.sd, t, dt);
+        grp.load(in.u, in.su, t, ut);
         grp.load(dy_p, sg, t, gy);
-        const float *B_t = B_p + grp.b * sBb + t * sBt, *C_t = C_p + grp.b * sCb + t * sCt;
+        if (in.z) {  // y = (s + D u) silu(z): the scan's readout s gets dy silu(z)
+          alignas(64) float zt[L], dz[L];
+          grp.load(in.z, in.sz, t, zt);
+#pragma omp simd
+          for (int64_t l = 0; l < L; ++l) {
+            const float sig = sigmoid_lane(zt[l]), pre = ys[t * L + l] + Dl[l] * ut[l];
+            dz[l] = gy[l] * pre * sig * (1.0f + zt[l] * (1.0f - sig));
+            gy[l] *= zt[l] * sig;
+          }
+          grp.store(dz, out.sdz, t, out.dz);
+        }
+        const float *B_t = in.B + grp.b * in.sBb + t * in.sBt, *C_t = in.C + grp.b * in.sCb + t * in.sCt;
         for (int64_t n = 0; n < N; ++n) {
           const float Bn = B_t[n], Cn = C_t[n], *An = At + n * L;
           const float *h_t = hs + ((t + 1) * N + n) * L, *prev = hs + (t * N + n) * L, *a_t = as + (t * N + n) * L;
@@ -259,53 +313,54 @@ void backward(const Strides& su, const Strides& sd, const Strides& sg, const Str
 #pragma omp simd
         for (int64_t l = 0; l < L; ++l) {
           dd[l] = decay_part[l] + ut[l] * input_part[l];
-          du[l] = dt[l] * input_part[l];
+          du[l] = dt[l] * input_part[l] + gy[l] * Dl[l];  // through the state, and through the skip D u
+          gD[l] += gy[l] * ut[l];
         }
-        grp.store(dd, sdd, t, dd_p);
-        grp.store(du, sdu, t, du_p);
+        grp.store(dd, out.sdd, t, out.ddelta);
+        grp.store(du, out.sdu, t, out.du);
       }
-      grp.unpack_state(g, grp.b * channels + e0, N, dh0_p);
-      grp.unpack_state(gA, grp.b * channels + e0, N, dA_p);
+      grp.unpack_state(g, row, N, out.dh0);
+      grp.unpack_state(gA, row, N, out.dA);
+      grp.unpack_state(gD, row, 1, out.dD);
     }
   });
 }
 
 }  // namespace
 
-// u, delta [B, E, T] with unit stride in E; A [E, N]; Bm, Cm [B, T, N] (unit stride in N); h0 [B, E, N]
-// -> y [B, E, T] (u's layout): <h_t, C_t>, and the last state [B, E, N]
-std::vector<at::Tensor> scan_forward(at::Tensor u, at::Tensor delta, at::Tensor A, at::Tensor Bm,
-                                     at::Tensor Cm, at::Tensor h0) {
-  check_inputs(u, delta, A, Bm, Cm, h0);
-  const int64_t batch = u.size(0), channels = u.size(1), steps = u.size(2), N = A.size(1);
+// u, delta, z [B, E, T] with unit stride in E; A [E, N]; Bm, Cm [B, T, N] (unit stride in N);
+// h0 [B, E, N]; D [E]; an empty D or z for none
+// -> y [B, E, T] (u's layout): (<h_t, C_t> + D u_t) silu(z_t), and the last state [B, E, N]
+std::vector<at::Tensor> scan_forward(at::Tensor u, at::Tensor delta, at::Tensor A, at::Tensor Bm, at::Tensor Cm,
+                                     at::Tensor h0, at::Tensor D, at::Tensor z) {
+  const Inputs in = inputs(u, delta, A, Bm, Cm, h0, D, z);
   at::Tensor y = at::empty_like(u);
-  at::Tensor last = at::empty({batch, channels, N}, u.options());
-  forward(Strides(u), Strides(delta), Strides(y), batch, channels, steps, N, u.data_ptr<float>(),
-          delta.data_ptr<float>(), A.data_ptr<float>(), Bm.data_ptr<float>(), Bm.stride(0), Bm.stride(1),
-          Cm.data_ptr<float>(), Cm.stride(0), Cm.stride(1), h0.data_ptr<float>(), y.data_ptr<float>(),
-          last.data_ptr<float>());
+  at::Tensor last = at::empty({in.batch, in.channels, in.N}, u.options());
+  forward(in, Strides(y), y.data_ptr<float>(), last.data_ptr<float>());
   return {y, last};
 }
 
 // the forward's inputs, dy [B, E, T] (unit stride in E) and dlast [B, E, N]
-// -> du, ddelta [B, E, T], dA [E, N], dB, dC [B, T, N] (contiguous), dh0 [B, E, N]
-std::vector<at::Tensor> scan_backward(at::Tensor u, at::Tensor delta, at::Tensor A, at::Tensor Bm,
-                                      at::Tensor Cm, at::Tensor h0, at::Tensor dy, at::Tensor dlast) {
-  check_inputs(u, delta, A, Bm, Cm, h0);
+// -> du, ddelta [B, E, T], dA [E, N], dB, dC [B, T, N] (contiguous), dh0 [B, E, N], dD [E], dz like z
+// (empty where D or z is)
+std::vector<at::Tensor> scan_backward(at::Tensor u, at::Tensor delta, at::Tensor A, at::Tensor Bm, at::Tensor Cm,
+                                      at::Tensor h0, at::Tensor D, at::Tensor z, at::Tensor dy, at::Tensor dlast) {
+  const Inputs in = inputs(u, delta, A, Bm, Cm, h0, D, z);
   check_channel_minor(dy, "dy"); check(dlast, "dlast", 3);
   TORCH_CHECK(dlast.is_contiguous(), "dlast must be contiguous");
-  const int64_t batch = u.size(0), channels = u.size(1), steps = u.size(2), N = A.size(1);
-  at::Tensor du = at::empty_like(u), ddelta = at::empty_like(delta);
+  const int64_t batch = in.batch, channels = in.channels, N = in.N;
+  at::Tensor du = at::empty_like(u), ddelta = at::empty_like(delta), dz = at::empty_like(z);
   at::Tensor dh0 = at::empty({batch, channels, N}, u.options());
-  at::Tensor dA_part = at::empty({batch, channels, N}, u.options());
-  at::Tensor dB_part = at::empty({batch, groups(channels), steps, N}, u.options());
+  at::Tensor dA_part = at::empty({batch, channels, N}, u.options()), dD_part = at::empty({batch, channels}, u.options());
+  at::Tensor dB_part = at::empty({batch, groups(channels), in.steps, N}, u.options());
   at::Tensor dC_part = at::empty_like(dB_part);
-  backward(Strides(u), Strides(delta), Strides(dy), Strides(du), Strides(ddelta), batch, channels, steps, N,
-           u.data_ptr<float>(), delta.data_ptr<float>(), A.data_ptr<float>(), Bm.data_ptr<float>(), Bm.stride(0),
-           Bm.stride(1), Cm.data_ptr<float>(), Cm.stride(0), Cm.stride(1), h0.data_ptr<float>(), dy.data_ptr<float>(),
-           dlast.data_ptr<float>(), du.data_ptr<float>(), ddelta.data_ptr<float>(), dh0.data_ptr<float>(),
-           dA_part.data_ptr<float>(), dB_part.data_ptr<float>(), dC_part.data_ptr<float>());
-  return {du, ddelta, dA_part.sum(0), dB_part.sum(1), dC_part.sum(1), dh0};
+  const Grads out{Strides(du), Strides(ddelta), z.numel() ? Strides(dz) : Strides(du), du.data_ptr<float>(),
+                  ddelta.data_ptr<float>(), z.numel() ? dz.data_ptr<float>() : nullptr, dh0.data_ptr<float>(),
+                  dA_part.data_ptr<float>(), dD_part.data_ptr<float>(), dB_part.data_ptr<float>(),
+                  dC_part.data_ptr<float>()};
+  backward(in, dy.data_ptr<float>(), Strides(dy), dlast.data_ptr<float>(), out);
+  return {du, ddelta, dA_part.sum(0), dB_part.sum(1), dC_part.sum(1), dh0,
+          D.numel() ? dD_part.sum(0) : at::empty_like(D), dz};
 }
 """
 
@@ -318,7 +373,8 @@ def _self_check(module) -> str | None:
     b, e, n, t = 2, 2 * LANES + 3, 5, 19  # two groups of channels and a part of one
     inputs = dict(u=torch.randn(b, e, t, generator=gen), delta=torch.randn(b, e, t, generator=gen),
                   A=-torch.rand(e, n, generator=gen) * 4, B=torch.randn(b, n, t, generator=gen),
-                  C=torch.randn(b, n, t, generator=gen), initial_state=torch.randn(b, e, n, generator=gen))
+                  C=torch.randn(b, n, t, generator=gen), D=torch.randn(e, generator=gen),
+                  z=torch.randn(b, e, t, generator=gen), initial_state=torch.randn(b, e, n, generator=gen))
     return compare_scans(selective_scan_naive, functools.partial(_scan, module), inputs, output="y",
                          delta_softplus=True)
 
@@ -350,21 +406,23 @@ def channel_minor(x_BET: torch.Tensor) -> torch.Tensor:
 
 
 class _Scan(torch.autograd.Function):
-    """The core recurrence: (u, delta, A, B [B, T, N], C [B, T, N], h0) -> (<h_t, C_t> [B, E, T], h_T)."""
+    """The recurrence with its skip and gate: (u, delta, A, B [B, T, N], C [B, T, N], h0, D, z) ->
+    ((<h_t, C_t> + D u_t) silu(z_t) [B, E, T], h_T); an empty D or z stands for none."""
 
     @staticmethod
-    def forward(ctx, module, u, delta, A, B_BTN, C_BTN, h0):
-        y, last = module.scan_forward(u, delta, A, B_BTN, C_BTN, h0)
+    def forward(ctx, module, u, delta, A, B_BTN, C_BTN, h0, D, z):
+        y, last = module.scan_forward(u, delta, A, B_BTN, C_BTN, h0, D, z)
         ctx.module = module
-        ctx.save_for_backward(u, delta, A, B_BTN, C_BTN, h0)
+        ctx.save_for_backward(u, delta, A, B_BTN, C_BTN, h0, D, z)
         return y, last
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dy, dlast):
-        u, delta, A, B_BTN, C_BTN, h0 = ctx.saved_tensors
-        grads = ctx.module.scan_backward(u, delta, A, B_BTN, C_BTN, h0, channel_minor(dy), dlast.contiguous())
-        return None, *grads
+        u, delta, A, B_BTN, C_BTN, h0, D, z = ctx.saved_tensors
+        *grads, dD, dz = ctx.module.scan_backward(u, delta, A, B_BTN, C_BTN, h0, D, z, channel_minor(dy),
+                                                  dlast.contiguous())
+        return None, *grads, dD if D.numel() else None, dz if z.numel() else None
 
 
 def _scan(module, u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False, *,
@@ -387,12 +445,11 @@ def _scan(module, u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_soft
         x_BTN = x_BNT.float().transpose(1, 2)
         return x_BTN if x_BTN.stride(2) == 1 else x_BTN.contiguous()
 
+    none = u_BET.new_empty(0)
     y_BET, last_BEN = _Scan.apply(module, channel_minor(u_BET), channel_minor(delta_BET), A.float().contiguous(),
-                                  time_major(B), time_major(C), h0_BEN)
-    if D is not None:
-        y_BET = y_BET + u_BET * D.float()[:, None]
-    if z is not None:
-        y_BET = y_BET * F.silu(z.float())
+                                  time_major(B), time_major(C), h0_BEN,
+                                  none if D is None else D.float().contiguous(),
+                                  none if z is None else channel_minor(z.float()))
     y_BET = y_BET.to(out_dtype)
     return (y_BET, last_BEN) if return_last_state else y_BET
 

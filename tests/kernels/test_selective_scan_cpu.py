@@ -68,6 +68,14 @@ def test_optional_arguments_left_out():
         assert_close(f"grad {name}", g_ref, g_out, ATOL)
 
 
+@pytest.mark.parametrize("left_out", ["D", "z"])
+def test_the_skip_or_the_gate_alone(left_out):
+    """The kernel takes D u and silu(z) at the readout: each works without the other."""
+    inputs = make_inputs(Shape(2, cpu.LANES + 3, 4, 11, 0))
+    del inputs[left_out]
+    assert_matches_naive(inputs)
+
+
 def test_zero_step_keeps_the_state_exactly():
     """delta = 0 (a skipped token, looped early exit): exp(0 * A) = 1 and nothing is written,
     so the state after a run of such steps is bit-for-bit the state before them."""
