@@ -3,12 +3,14 @@
     python benchmarks/bench_scan.py                       # T=512, the sizes in docs/performance.md
     python benchmarks/bench_scan.py --seq-len 2048 --repeats 3
     python benchmarks/bench_scan.py --ops ssd --threads 2
+    python benchmarks/bench_scan.py --ops gated_delta --batch 8 --seq-len 256 --heads 8 --head-dim 16 --walks
 
 Prints one row per (op, pass): median milliseconds of each form over --repeats runs after
 one warm-up (the forms timed alternately), and the speed-up naive / chunked measured in
 the same run. Each op also times its C++ CPU kernel (its cpu.py, built on first use) in the
 same rounds and prints its time and speed-up over the loop beside the chunked form's; "-"
-where it does not build here.
+where it does not build here. With --walks it then times the C++ gated delta rule's two walks
+(rows, lanes) against each other in one set of rounds.
 
 Dimensions: B batch, T time, E inner channels, N state size, H heads, K/V head dims,
 P SSD head dim, G SSD groups.
@@ -63,13 +65,14 @@ def mamba_inputs(args: argparse.Namespace) -> dict[str, torch.Tensor]:
     b, e, n, t = args.batch, args.channels, args.state_size, args.seq_len
     dt_E = torch.exp(torch.empty(e).uniform_(math.log(1e-3), math.log(1e-1)))
     return {
-        "u": torch.randn(b, e, t),  # [B, E, T]
-        "delta": 0.5 * torch.randn(b, e, t),  # [B, E, T]
+        # u, delta, z as a Mamba layer passes them: [B, E, T] views of [B, T, E] (channels adjacent)
+        "u": torch.randn(b, t, e).transpose(1, 2),  # [B, E, T]
+        "delta": 0.5 * torch.randn(b, t, e).transpose(1, 2),  # [B, E, T]
         "A": -torch.arange(1, n + 1).float().repeat(e, 1),  # [E, N]
         "B": torch.randn(b, n, t),  # [B, N, T]
         "C": torch.randn(b, n, t),  # [B, N, T]
         "D": torch.ones(e),  # [E]
-        "z": torch.randn(b, e, t),  # [B, E, T]
+        "z": torch.randn(b, t, e).transpose(1, 2),  # [B, E, T]
         "delta_bias": torch.log(torch.expm1(dt_E)),  # [E]
     }
 
@@ -131,6 +134,8 @@ def main() -> None:
     parser.add_argument("--ops", default="selective_scan,gated_delta,ssd", help="comma-separated ops to time")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--walks", action="store_true",
+                        help="also time the C++ gated delta rule's row and lane walks against each other")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -176,6 +181,14 @@ def main() -> None:
             cpp = (f"{compiled_ms[0]:>10.1f}{naive_ms / compiled_ms[0]:>9.1f}x" if compiled_ms
                    else f"{'-':>10}{'-':>10}")
             print(f"{name:<16}{label:<14}{naive_ms:>10.1f}{chunked_ms:>12.1f}{naive_ms / chunked_ms:>9.1f}x{cpp}")
+    if args.walks and "gated_delta" in wanted and gated_delta_cpu.available():
+        inputs = gdn_inputs(args)
+        walks = [passes(gated_delta_cpu.gated_delta_rule_cpu, inputs, lanes=lanes) for lanes in (False, True)]
+        chosen = "lanes" if gated_delta_cpu.by_lanes(args.batch, args.heads, args.head_dim, args.head_dim) else "rows"
+        print(f"gated_delta C++ walks (these sizes take {chosen}):")
+        for index, label in enumerate(("forward", "fwd+bwd")):
+            rows_ms, lanes_ms = median_ms([walk[index] for walk in walks], args.repeats)
+            print(f"  {label:<14}rows {rows_ms:.2f} ms   lanes {lanes_ms:.2f} ms   lanes / rows {lanes_ms / rows_ms:.2f}x")
 
 
 if __name__ == "__main__":

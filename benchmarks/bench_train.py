@@ -16,6 +16,10 @@ machine shared with other jobs disturbs far less than the wall clock.
 With ``--profile K`` it then runs ``--steps`` more steps of each family under
 torch.profiler and prints each one's K ops with the most self CPU time (where a
 family's step goes: the scan kernels, the conv, the projections, the norms).
+With ``--free-scans`` each recurrent family's scan (selective scan, SSD, delta
+rule) is replaced by a pass-through of its input, gradients still flowing to
+every input: the ratios then say what the rest of each family's step costs, and
+so how fast its scan would have to be for a given ratio.
 """
 
 from __future__ import annotations
@@ -29,6 +33,42 @@ import torch
 
 
 RECURRENT = ("mamba", "mamba2", "gdn")
+
+
+def _touch(*tensors):
+    """A zero that depends on every tensor, so their gradients (zeros) still flow back."""
+    return sum(x.sum() for x in tensors) * 0.0
+
+
+def free_selective_scan(u, delta, A, B, C, D=None, z=None, *, return_last_state=False, **_):
+    y = (u * D[:, None] * torch.nn.functional.silu(z) + _touch(delta, A, B, C))
+    last = u.new_zeros(u.shape[0], u.shape[1], A.shape[1])
+    return (y, last) if return_last_state else y
+
+
+def free_ssd(x, dt, A, B, C, D=None, *, return_last_state=False, **_):
+    y = x * D[:, None] + _touch(dt, A, B, C)
+    last = x.new_zeros(x.shape[0], x.shape[2], x.shape[3], B.shape[-1])
+    return (y, last) if return_last_state else y
+
+
+def free_rule(q, k, v, g, beta, **_):
+    return v + _touch(q, k, g, beta)
+
+
+def free_scans(model) -> None:
+    """Replace every recurrent mixer's scan in `model` by its pass-through above."""
+    from archsearch.arch.blocks.gated_deltanet import GatedDeltaNet
+    from archsearch.arch.blocks.mamba import Mamba
+    from archsearch.arch.blocks.mamba2 import Mamba2
+
+    for module in model.modules():
+        if isinstance(module, Mamba):
+            module.scan = free_selective_scan
+        elif isinstance(module, Mamba2):
+            module.scan = free_ssd
+        elif isinstance(module, GatedDeltaNet):
+            module.rule = free_rule
 
 
 def main() -> None:
@@ -46,6 +86,8 @@ def main() -> None:
                         help="after timing, print each family's K ops with the most self CPU time")
     parser.add_argument("--families", default="transformer,mamba,mamba2,gdn",
                         help="comma-separated, the transformer always included (the ratios' base)")
+    parser.add_argument("--free-scans", action="store_true",
+                        help="replace each recurrent family's scan by a pass-through (what the rest of its step costs)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     families = ("transformer", *(f for f in RECURRENT if f in args.families.split(",")))
@@ -77,6 +119,8 @@ def main() -> None:
                          head_dim=options.head_dim, mlp_ratio=options.mlp_ratio,
                          multiple_of=options.multiple_of, tolerance=0.02).spec
         models[family] = build_model(spec)
+        if args.free_scans:
+            free_scans(models[family])
         optimizers[family] = torch.optim.AdamW(models[family].parameters(), lr=1e-3)
         print(f"{family:<12} d_model {spec.d_model:>5}  {count_params(spec):>9,} non-embedding params")
     tokens = torch.randint(0, vocab, (args.batch, args.seq_len + 1), generator=torch.Generator().manual_seed(0))
@@ -102,6 +146,7 @@ def main() -> None:
             cpu_rates[family].append(tokens_per_round / (time.process_time() - start_cpu))
     base, cpu_base = statistics.median(rates["transformer"]), statistics.median(cpu_rates["transformer"])
     print(f"match {args.match}: transformer d {args.d_model}, {args.layers} layers, B {args.batch}, T {args.seq_len}, {args.threads} threads; "
+          f"{'scans free (pass-throughs); ' if args.free_scans else ''}"
           f"median of {args.rounds} interleaved rounds of {args.steps} steps; load avg {os.getloadavg()[0]:.1f}")
     for family in families:
         rate, cpu_rate = statistics.median(rates[family]), statistics.median(cpu_rates[family])

@@ -31,8 +31,9 @@ the backward. The lane walk (`lanes` below) takes 16 (batch, head) pairs side by
 vector lane, so every sum is a per-lane multiply-add; its inputs are copied into that layout a
 span at a time, and every scratch is aligned to a cache line. It runs where a head's state is
 small and the pairs fill a group of lanes (`by_lanes`). Forward and backward at B 8, T 256, one
-thread, against the row walk: 0.57x the CPU time at H 8, K = V = 16, 0.69x at H 4, K = V = 32,
-0.88x at 48 and 1.16x at 64, where the row walk is left to run.
+thread, against the row walk (`benchmarks/bench_scan.py --walks`, two runs): 0.51x-0.57x the time
+at H 8, K = V = 16, 0.69x-0.75x at H 4, K = V = 32, 0.88x-1.04x at 48 and 1.08x-1.16x at 64,
+where the row walk is left to run.
 
 Building: `RULE` (archsearch_kernels/cpu_build.py) compiles the source below on first use, once per
 Python environment, and checks it against the reference on small odd shapes. If it does not
@@ -50,10 +51,10 @@ from ..cpu_build import Extension, compare_scans
 # steps between the states the backward keeps; a span's states stay in L1 or L2
 SPAN = 16
 # the lane walk: (batch, head) pairs per group (the C++ `lanes::L`), and the largest head state
-# K V it takes (its [K, V, LANES] state is 144 KiB at K = V = 48; from 64 the row walk's vectors
-# over V are long and it is the faster)
+# K V it takes (its [K, V, LANES] state is 64 KiB at K = V = 32; at 48 the two walks are level,
+# from 64 the row walk's vectors over V are long and it is the faster)
 LANES = 16
-LANE_STATE_MAX = 48 * 48
+LANE_STATE_MAX = 32 * 32
 
 
 def by_lanes(batch: int, heads: int, key_dim: int, value_dim: int) -> bool:
@@ -555,6 +556,7 @@ def gated_delta_rule_cpu(
     initial_state: torch.Tensor | None = None,
     return_last_state: bool = False,
     chunk_size: int | None = None,
+    lanes: bool | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The gated delta rule through the compiled CPU loop; matches `gated_delta_rule_naive`.
 
@@ -567,6 +569,7 @@ def gated_delta_rule_cpu(
         initial_state: [B, H, K, V] state before the first step (S^T); zeros if None.
         return_last_state: also return the state after the last step.
         chunk_size: accepted for the chunked form's signature and unused: the loop has no chunks.
+        lanes: run the lane walk (True) or the row walk (False); None lets `by_lanes` choose.
 
     Returns:
         o [B, T, H, V] in v's dtype, or (o, last_state) with last_state [B, H, K, V] in fp32.
@@ -576,4 +579,4 @@ def gated_delta_rule_cpu(
             dispatch checks `available` first and takes the PyTorch path instead.
     """
     return _rule(RULE.require("gated_delta_rule"), q, k, v, g, beta, initial_state=initial_state,
-                 return_last_state=return_last_state)
+                 return_last_state=return_last_state, lanes=lanes)

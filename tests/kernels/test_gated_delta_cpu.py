@@ -104,6 +104,6 @@ def test_an_empty_sequence_passes_the_state_through(walk):
 
 def test_the_lane_walk_takes_small_heads_with_a_group_of_pairs():
     """Lanes where a head's state is small and the pairs fill a group; rows otherwise."""
-    assert cpu.by_lanes(8, 8, 16, 16) and cpu.by_lanes(1, cpu.LANES, 48, 48)
+    assert cpu.by_lanes(8, 8, 16, 16) and cpu.by_lanes(1, cpu.LANES, 32, 32)
     assert not cpu.by_lanes(1, cpu.LANES - 1, 16, 16)
-    assert not cpu.by_lanes(8, 8, 64, 64)
+    assert not cpu.by_lanes(8, 8, 48, 48)
