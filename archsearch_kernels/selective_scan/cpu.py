@@ -69,6 +69,7 @@ SOURCE = r"""
 namespace {
 
 using archsearch_cpu::exp_lane;
+using archsearch_cpu::Lines;
 
 struct Strides {  // element strides of a [B, E, T] tensor
   int64_t b, e, t;
@@ -86,9 +87,7 @@ void check_channel_minor(const at::Tensor& x, const char* name) {
   TORCH_CHECK(x.stride(1) == 1, name, ": expected unit stride in E ([B, T, E] memory, seen as [B, E, T])");
 }
 
-using archsearch_cpu::Lines;
-
-constexpr int64_t L = 16;  // channels side by side, one per vector lane
+constexpr int64_t L = 16;  // channels of one batch row walked side by side, one per vector lane
 
 // out[i] = sum_l rows[i L + l] for i < n: sixteen at a time by a transpose-and-add tree (AVX-512),
 // the rest one by one
