@@ -369,7 +369,8 @@ def _self_check(module) -> str | None:
     from .naive import selective_scan_naive
 
     gen = torch.Generator().manual_seed(0)
-    b, e, n, t = 2, 2 * LANES + 3, 5, 19  # two groups of channels and a part of one
+    # two groups of channels and a part of one; N past 16 so that dB and dC take both of row_sums' paths
+    b, e, n, t = 2, 2 * LANES + 3, 19, 19
     inputs = dict(u=torch.randn(b, e, t, generator=gen), delta=torch.randn(b, e, t, generator=gen),
                   A=-torch.rand(e, n, generator=gen) * 4, B=torch.randn(b, n, t, generator=gen),
                   C=torch.randn(b, n, t, generator=gen), D=torch.randn(e, generator=gen),
