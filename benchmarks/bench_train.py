@@ -41,7 +41,7 @@ def _touch(*tensors):
 
 
 def free_selective_scan(u, delta, A, B, C, D=None, z=None, *, return_last_state=False, **_):
-    y = (u * D[:, None] * torch.nn.functional.silu(z) + _touch(delta, A, B, C))
+    y = u * D[:, None] * torch.nn.functional.silu(z) + _touch(delta, A, B, C)
     last = u.new_zeros(u.shape[0], u.shape[1], A.shape[1])
     return (y, last) if return_last_state else y
 
