@@ -62,14 +62,11 @@ from ..cpu_build import Extension, compare_scans
 LANES = 16
 
 SOURCE = r"""
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
-
 namespace {
 
 using archsearch_cpu::exp_lane;
 using archsearch_cpu::Lines;
+using archsearch_cpu::row_sums;
 
 struct Strides {  // element strides of a [B, E, T] tensor
   int64_t b, e, t;
@@ -88,40 +85,6 @@ void check_channel_minor(const at::Tensor& x, const char* name) {
 }
 
 constexpr int64_t L = 16;  // channels of one batch row walked side by side, one per vector lane
-
-// out[i] = sum_l rows[i L + l] for i < n: sixteen at a time by a transpose-and-add tree (AVX-512),
-// the rest one by one
-inline void row_sums(const float* rows, int64_t n, float* out) {
-  int64_t i = 0;
-#if defined(__AVX512F__)
-  for (; i + 16 <= n; i += 16) {
-    const float* r = rows + i * L;
-    __m512 pairs[8], quads[4];
-    for (int j = 0; j < 8; ++j) {  // per 128-bit block: [a0+a2, b0+b2, a1+a3, b1+b3] of rows a, b
-      const __m512 a = _mm512_loadu_ps(r + 2 * j * L), b = _mm512_loadu_ps(r + (2 * j + 1) * L);
-      pairs[j] = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
-    }
-    for (int j = 0; j < 4; ++j) {  // per 128-bit block: the block's sums of rows 4j .. 4j + 3
-      const __m512 c = pairs[2 * j], d = pairs[2 * j + 1];
-      quads[j] = _mm512_add_ps(_mm512_shuffle_ps(c, d, _MM_SHUFFLE(1, 0, 1, 0)),
-                               _mm512_shuffle_ps(c, d, _MM_SHUFFLE(3, 2, 3, 2)));
-    }
-    // add the four 128-bit blocks of each quad: block j of the result holds rows 4j .. 4j + 3
-    const __m512 x01 = _mm512_add_ps(_mm512_shuffle_f32x4(quads[0], quads[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                     _mm512_shuffle_f32x4(quads[0], quads[1], _MM_SHUFFLE(3, 1, 3, 1)));
-    const __m512 x23 = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2], quads[3], _MM_SHUFFLE(2, 0, 2, 0)),
-                                     _mm512_shuffle_f32x4(quads[2], quads[3], _MM_SHUFFLE(3, 1, 3, 1)));
-    _mm512_storeu_ps(out + i, _mm512_add_ps(_mm512_shuffle_f32x4(x01, x23, _MM_SHUFFLE(2, 0, 2, 0)),
-                                            _mm512_shuffle_f32x4(x01, x23, _MM_SHUFFLE(3, 1, 3, 1))));
-  }
-#endif
-  for (; i < n; ++i) {
-    float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t l = 0; l < L; ++l) sum += rows[i * L + l];
-    out[i] = sum;
-  }
-}
 
 struct Group {  // channels e0 .. e0 + width - 1 of batch row b
   int64_t b, e0, width;
