@@ -37,8 +37,15 @@ def assert_matches_naive(inputs):
     assert_same_outputs_and_grads(lambda **kw: run(ssd_naive, kw), lambda **kw: run(cpu.ssd_cpu, kw), inputs, ATOL)
 
 
-@pytest.mark.parametrize("shape", [*SHAPES, pytest.param(Shape(2, 2 * cpu.SPAN + 5, 4, 9, 2, 7, 0),
-                                                         id="T37-three-spans-ragged-H4-G2-P9-N7")])
+# the kernel walks 16 rows of a head's state at a time, four vectors of 16 columns at once: P 19 is a
+# block and a part of one, N 67 a chunk of four vectors, one of a part and padding; P 64, N 128 is
+# Mamba-2's default head
+WIDE = [pytest.param(Shape(2, cpu.SPAN + 3, 4, 19, 2, 67, 0), id="T19-two-row-blocks-P19-N67"),
+        pytest.param(Shape(1, 2 * cpu.SPAN + 1, 2, 64, 1, 128, 0), id="T33-P64-N128")]
+
+
+@pytest.mark.parametrize("shape", [*SHAPES, *WIDE, pytest.param(Shape(2, 2 * cpu.SPAN + 5, 4, 9, 2, 7, 0),
+                                                                id="T37-three-spans-ragged-H4-G2-P9-N7")])
 def test_matches_naive_forward_state_and_every_gradient(shape, monkeypatch):
     """Every output buffer the kernel allocates starts as NaN: an element it does not write fails."""
     inputs = make_inputs(shape)
@@ -46,9 +53,11 @@ def test_matches_naive_forward_state_and_every_gradient(shape, monkeypatch):
     assert_matches_naive(inputs)
 
 
-def test_strong_decay_stays_finite_and_matches(monkeypatch):
+@pytest.mark.parametrize("shape", [Shape(2, 40, 3, 5, 1, 6, 0), Shape(1, 40, 2, 19, 1, 67, 0)],
+                         ids=["P5-N6", "P19-N67"])
+def test_strong_decay_stays_finite_and_matches(shape, monkeypatch):
     """dt x 30: log-decays of -30 to -500 a step, where exp underflows to 0."""
-    inputs = make_inputs(Shape(2, 40, 3, 5, 1, 6, 0), dt_scale=30.0)
+    inputs = make_inputs(shape, dt_scale=30.0)
     poison_empty(monkeypatch)
     assert_matches_naive(inputs)
 
