@@ -40,7 +40,8 @@ ARCH_FLAGS = {
     "AVX2": ["-mavx2", "-mfma"],
 }
 
-# prepended to every extension's source: the headers and a vectorisable exp
+# prepended to every extension's source: the headers, a vectorisable exp, cache-line-aligned
+# scratch and the sums across lanes of 16 rows of partial sums (both scans' readouts and gradients)
 PRELUDE = r"""
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
