@@ -32,10 +32,10 @@ line), then walked backward carrying dh, reading each a_t rather than taking its
 The sums over N are per-lane. B and C are shared by all channels, so dB and dC are sums over the
 lanes: a step's N lane vectors of each are summed sixteen at a time by a transpose-and-add tree
 (`row_sums` of cpu_build.py's prelude, AVX-512; one by one elsewhere). Each group writes its own
-partial dB, dC and torch adds the groups (dA likewise over the batch), which keeps the result independent of how the work
-was scheduled. Against the one-channel-at-a-time form, forward and backward take 0.56x the CPU
-time at B 8, E 224, T 256, N 16, 0.44x at B 2, E 256, T 2048, and 0.96x at N 64, T 512 (one
-thread, median of 9 interleaved calls, both built in one process).
+partial dB, dC and torch adds the groups (dA likewise over the batch), which keeps the result
+independent of how the work was scheduled. Against the one-channel-at-a-time form, forward and
+backward take 0.56x the CPU time at B 8, E 224, T 256, N 16, 0.44x at B 2, E 256, T 2048, and
+0.96x at N 64, T 512 (one thread, median of 9 interleaved calls, both built in one process).
 
 The skip D u and the gate silu(z) are taken at each step's readout, y_t = (<h_t, C_t> + D u_t)
 silu(z_t), and differentiated in the walk back (the readouts <h_t, C_t> are kept from the rerun),

@@ -77,6 +77,7 @@ struct Ssd {  // sizes and the group of a head; x [B, T, H, P], dt [B, T, H], Bm
   }
   int64_t head_at(int64_t b, int64_t t, int64_t h) const { return ((b * steps + t) * heads + h) * N; }
   int64_t padded() const { return (N + W - 1) / W * W; }
+  int64_t rows_in(int64_t r0) const { return std::min(R, P - r0); }  // rows of the block at r0 within P
 };
 
 void check(const at::Tensor& x, const char* name, int64_t dim) {
@@ -112,14 +113,14 @@ void gather(const Ssd& s, const float* from, int64_t b, int64_t h, float* to) {
 void block_in(const Ssd& s, const float* S0_bh, int64_t r0, float* block) {
   const int64_t Np = s.padded();
   std::fill(block, block + R * Np, 0.0f);
-  for (int64_t r = 0; r < std::min(R, s.P - r0); ++r)
+  for (int64_t r = 0; r < s.rows_in(r0); ++r)
     std::memcpy(block + r * Np, S0_bh + (r0 + r) * s.N, s.N * sizeof(float));
 }
 
 // the block's rows back into a [P, N] state
 void block_out(const Ssd& s, const float* block, int64_t r0, float* S_bh) {
   const int64_t Np = s.padded();
-  for (int64_t r = 0; r < std::min(R, s.P - r0); ++r)
+  for (int64_t r = 0; r < s.rows_in(r0); ++r)
     std::memcpy(S_bh + (r0 + r) * s.N, block + r * Np, s.N * sizeof(float));
 }
 
@@ -134,7 +135,7 @@ Step step_of(const Ssd& s, const float* x_p, const float* dt_p, const float* dec
   st.dt = dt_p[s.dt_at(b, t, h)];
   st.a = decays[t];
   const float* x_t = x_p + s.x_at(b, t, h) + r0;
-  const int64_t rows = std::min(R, s.P - r0);
+  const int64_t rows = s.rows_in(r0);
   for (int64_t r = 0; r < R; ++r) st.u[r] = r < rows ? st.dt * x_t[r] : 0.0f;
   return st;
 }
@@ -218,7 +219,7 @@ std::vector<at::Tensor> ssd_forward(at::Tensor x, at::Tensor dt, at::Tensor A, a
       gather(s, B_p, b, h, Bt.data());
       gather(s, C_p, b, h, Ct.data());
       for (int64_t r0 = 0; r0 < s.P; r0 += R) {
-        const int64_t rows = std::min(R, s.P - r0);
+        const int64_t rows = s.rows_in(r0);
         block_in(s, S0_p + bh * PN, r0, S.data());
         for (int64_t t = 0; t < s.steps; ++t) {
           const Step st = step_of(s, x_p, dt_p, decays.data(), b, t, h, r0);
@@ -260,7 +261,7 @@ std::vector<at::Tensor> ssd_backward(at::Tensor x, at::Tensor dt, at::Tensor A, 
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / s.heads, h = bh % s.heads;
       const float A_h = A_p[h];
-      decays_of(s, dt_p, A_p[h], b, h, decays.data());
+      decays_of(s, dt_p, A_h, b, h, decays.data());
       gather(s, B_p, b, h, Bt.data());
       gather(s, C_p, b, h, Ct.data());
       std::fill(dBt.data(), dBt.data() + s.steps * Np, 0.0f);
@@ -268,7 +269,7 @@ std::vector<at::Tensor> ssd_backward(at::Tensor x, at::Tensor dt, at::Tensor A, 
       std::fill(ddt_sum.begin(), ddt_sum.end(), 0.0f);
       float dA = 0.0f;
       for (int64_t r0 = 0; r0 < s.P; r0 += R) {
-        const int64_t rows = std::min(R, s.P - r0);
+        const int64_t rows = s.rows_in(r0);
         block_in(s, S0_p + bh * PN, r0, starts.data());
         for (int64_t j = 1; j < spans; ++j) {
           float* at = starts.data() + j * block;
