@@ -91,6 +91,7 @@ class Lines {
   Lines(const Lines&) = delete;
   Lines& operator=(const Lines&) = delete;
   float* data() { return at_; }
+  const float* data() const { return at_; }
   float& operator[](int64_t i) { return at_[i]; }
 
  private:

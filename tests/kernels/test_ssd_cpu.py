@@ -37,15 +37,14 @@ def assert_matches_naive(inputs):
     assert_same_outputs_and_grads(lambda **kw: run(ssd_naive, kw), lambda **kw: run(cpu.ssd_cpu, kw), inputs, ATOL)
 
 
-# the kernel walks 16 rows of a head's state at a time, four vectors of 16 columns at once: P 19 is a
-# block and a part of one, N 67 a chunk of four vectors, one of a part and padding; P 64, N 128 is
-# Mamba-2's default head
-WIDE = [pytest.param(Shape(2, cpu.SPAN + 3, 4, 19, 2, 67, 0), id="T19-two-row-blocks-P19-N67"),
-        pytest.param(Shape(1, 2 * cpu.SPAN + 1, 2, 64, 1, 128, 0), id="T33-P64-N128")]
+# the kernel's products take four vectors of 16 columns at once, then one: P 19 is a vector and a
+# part of one, N 67 four vectors, one of a part and padding; P 64, N 128 is Mamba-2's default head
+WIDE = [pytest.param(Shape(2, cpu.CHUNK + 3, 4, 19, 2, 67, 0), id="T19-a-chunk-and-a-part-P19-N67"),
+        pytest.param(Shape(1, 2 * cpu.CHUNK + 1, 2, 64, 1, 128, 0), id="T33-P64-N128")]
 
 
-@pytest.mark.parametrize("shape", [*SHAPES, *WIDE, pytest.param(Shape(2, 2 * cpu.SPAN + 5, 4, 9, 2, 7, 0),
-                                                                id="T37-three-spans-ragged-H4-G2-P9-N7")])
+@pytest.mark.parametrize("shape", [*SHAPES, *WIDE, pytest.param(Shape(2, 2 * cpu.CHUNK + 5, 4, 9, 2, 7, 0),
+                                                                id="T37-three-chunks-ragged-H4-G2-P9-N7")])
 def test_matches_naive_forward_state_and_every_gradient(shape, monkeypatch):
     """Every output buffer the kernel allocates starts as NaN: an element it does not write fails."""
     inputs = make_inputs(shape)
@@ -82,7 +81,7 @@ def test_low_precision_input_gives_low_precision_output():
 
 
 def test_dispatch_takes_the_cpp_kernel_on_cpu_and_the_chunked_form_when_told(monkeypatch):
-    """Under auto a float32 CPU call runs the compiled loop; under reference the chunked form."""
+    """Under auto a float32 CPU call runs the compiled kernel; under reference the chunked form."""
     inputs = {name: x.detach() for name, x in make_inputs(Shape(1, 5, 2, 3, 1, 4, 0)).items()}
     calls = []
     kernel = cpu.ssd_cpu
