@@ -22,9 +22,9 @@ needed 11 P N. L = 16 steps is one vector, so the [L, L] tiles and every product
 whole vectors. Decays are products of the a_t, never differences of cumulative logs, so a strong
 decay underflows to 0 as the reference's does and a weak one after it is not lost to rounding.
 
-Backward, per (batch, head): the start state of every chunk is recomputed (one state write a chunk,
-kept in a scratch of T / L states), then the chunks are walked from the last carrying dS, the
-gradient of the chunk's end state. With M[l][s] = E[l][s] C_l . B_s and Q[l][s] = E[l][s] dy_l . u_s,
+Backward: each head's state entering every chunk is recomputed (one state write a chunk, kept in a
+scratch of T / L states a head), then the chunks are walked from the last carrying dS, the gradient
+of the chunk's end state. With M[l][s] = E[l][s] C_l . B_s and Q[l][s] = E[l][s] dy_l . u_s,
 
     du_s = sum_l M[l][s] dy_l + E[L-1][s] dS B_s          dS <- g_L dS + sum_l g_l dy_l C_l^T
     dC_l = g_l S^T dy_l + sum_s Q[l][s] B_s               dB_s = E[L-1][s] dS^T u_s + sum_l Q[l][s] C_l
@@ -38,9 +38,14 @@ vector, accumulating in registers. The forward keeps the state transposed, [N, P
 and the write both take vectors along P; the backward keeps it [P, N], so dB and dC come out by
 step in rows along N and are stored as they are. The few operands needed the other way (B and C by
 state column, u and dy by step) are transposed in 16 x 16 blocks, with AVX-512 shuffles where the
-CPU has them. B and C are shared by a group's heads, so each head writes its own dB, dC
-[B, T, H, N] and torch sums a group's heads (and dA over the batch), which keeps the result
-independent of scheduling. The skip D x stays in PyTorch around the kernel.
+CPU has them.
+
+Work is split by (batch, group) over torch's threads: a chunk's B and C rows, their transposes and
+the scores C_l . B_s are formed once and used by each of the group's heads in turn, and the heads'
+dB and dC are summed in that fixed order, so the result does not depend on scheduling. (With fewer
+(batch, group) pairs than threads some threads idle; Mamba-2 layers have one group by default.) x, B and C
+are read in place when only their rows are contiguous (the views a layer's split of its projection
+gives). The skip D x is taken inside too: y gains D x, dx gains D dy, and dD sums <dy, x>.
 
 Building: `SSD` (archsearch_kernels/cpu_build.py) compiles the source below on first use, once per Python
 environment, and checks it against the reference on small odd shapes. If it does not compile or
@@ -109,16 +114,20 @@ void gemm(float* out, int64_t out_row, const float* from, float scale, const flo
   for (; c + 4 * W <= width; c += 4 * W) {
     int64_t i = 0;
     for (; i + 4 <= rows; i += 4)
-      tile<4, 4>(out + i * out_row + c, out_row, from + i * out_row + c, scale, a + i * a_row, a_row, a_col, b + c, b_row, depth);
+      tile<4, 4>(out + i * out_row + c, out_row, from + i * out_row + c, scale, a + i * a_row, a_row, a_col,
+                 b + c, b_row, depth);
     for (; i < rows; ++i)
-      tile<1, 4>(out + i * out_row + c, out_row, from + i * out_row + c, scale, a + i * a_row, a_row, a_col, b + c, b_row, depth);
+      tile<1, 4>(out + i * out_row + c, out_row, from + i * out_row + c, scale, a + i * a_row, a_row, a_col,
+                 b + c, b_row, depth);
   }
   for (; c < width; c += W) {
     int64_t i = 0;
     for (; i + 16 <= rows; i += 16)
-      tile<16, 1>(out + i * out_row + c, out_row, from + i * out_row + c, scale, a + i * a_row, a_row, a_col, b + c, b_row, depth);
+      tile<16, 1>(out + i * out_row + c, out_row, from + i * out_row + c, scale, a + i * a_row, a_row, a_col,
+                  b + c, b_row, depth);
     for (; i < rows; ++i)
-      tile<1, 1>(out + i * out_row + c, out_row, from + i * out_row + c, scale, a + i * a_row, a_row, a_col, b + c, b_row, depth);
+      tile<1, 1>(out + i * out_row + c, out_row, from + i * out_row + c, scale, a + i * a_row, a_row, a_col,
+                 b + c, b_row, depth);
   }
 }
 
@@ -138,7 +147,8 @@ inline void transpose16(const float* from, int64_t from_row, float* to, int64_t 
     r[4 * g + 3] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xEE);
   }
   for (int j = 0; j < 4; ++j) {  // column 4k + j: lane k of r[j], r[4 + j], r[8 + j], r[12 + j]
-    const __m512 even_lo = _mm512_shuffle_f32x4(r[j], r[4 + j], 0x88), odd_lo = _mm512_shuffle_f32x4(r[j], r[4 + j], 0xDD);
+    const __m512 even_lo = _mm512_shuffle_f32x4(r[j], r[4 + j], 0x88);
+    const __m512 odd_lo = _mm512_shuffle_f32x4(r[j], r[4 + j], 0xDD);
     const __m512 even_hi = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0x88);
     const __m512 odd_hi = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0xDD);
     _mm512_storeu_ps(to + j * to_row, _mm512_shuffle_f32x4(even_lo, even_hi, 0x88));
@@ -158,66 +168,82 @@ void transpose(const float* from, int64_t rows, int64_t cols, float* to) {
     for (int64_t c = 0; c < cols; c += W) transpose16(from + r * cols + c, cols, to + c * rows + r, rows);
 }
 
-struct Ssd {  // sizes; x [B, T, H, P], dt [B, T, H], Bm, Cm [B, T, G, N]; P and N padded to vectors: Pp, Np
+struct View {  // a float tensor's elements by (batch, time, head or group); its last dim is contiguous
+  const float* data;
+  int64_t b, t, i;
+  const float* at(int64_t bi, int64_t ti, int64_t ii) const { return data + bi * b + ti * t + ii * i; }
+};
+
+View view_of(const at::Tensor& x) { return {x.data_ptr<float>(), x.stride(0), x.stride(1), x.stride(2)}; }
+
+struct Ssd {  // sizes: x [B, T, H, P], dt [B, T, H], Bm, Cm [B, T, G, N]; P and N padded to vectors: Pp, Np
   int64_t batch, steps, heads, P, groups, N;
-  int64_t x_at(int64_t b, int64_t t, int64_t h) const { return ((b * steps + t) * heads + h) * P; }
-  int64_t dt_at(int64_t b, int64_t t, int64_t h) const { return (b * steps + t) * heads + h; }
-  int64_t bc_at(int64_t b, int64_t t, int64_t h) const {
-    return ((b * steps + t) * groups + h / (heads / groups)) * N;
-  }
-  int64_t head_at(int64_t b, int64_t t, int64_t h) const { return ((b * steps + t) * heads + h) * N; }
+  int64_t per_group() const { return heads / groups; }
   int64_t chunks() const { return (steps + L - 1) / L; }
   int64_t Pp() const { return (P + W - 1) / W * W; }
   int64_t Np() const { return (N + W - 1) / W * W; }
+  int64_t block() const { return Pp() * Np(); }  // one head's padded state
 };
 
+// float32 CPU tensors of `dim` dims whose last dim is contiguous (rows may be views into a wider tensor)
 void check(const at::Tensor& x, const char* name, int64_t dim) {
-  TORCH_CHECK(x.scalar_type() == at::kFloat && x.device().is_cpu() && x.dim() == dim && x.is_contiguous(),
-              name, ": expected a contiguous float32 CPU tensor of ", dim, " dims");
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.device().is_cpu() && x.dim() == dim && x.stride(dim - 1) == 1,
+              name, ": expected a float32 CPU tensor of ", dim, " dims with a contiguous last dim");
 }
 
 Ssd sizes(const at::Tensor& x, const at::Tensor& dt, const at::Tensor& A, const at::Tensor& Bm,
-          const at::Tensor& Cm, const at::Tensor& S0) {
-  check(x, "x", 4); check(dt, "dt", 3); check(A, "A", 1); check(Bm, "B", 4); check(Cm, "C", 4);
+          const at::Tensor& Cm, const at::Tensor& D, const at::Tensor& S0) {
+  check(x, "x", 4); check(dt, "dt", 3); check(A, "A", 1); check(Bm, "B", 4); check(Cm, "C", 4); check(D, "D", 1);
   check(S0, "initial_state", 4);
+  TORCH_CHECK(S0.is_contiguous() && A.size(0) == x.size(2) && D.size(0) == x.size(2), "A, D [H] and a contiguous S0");
   Ssd s{x.size(0), x.size(1), x.size(2), x.size(3), Bm.size(2), Bm.size(3)};
   TORCH_CHECK(s.heads % s.groups == 0, "heads must split evenly over groups");
-  TORCH_CHECK(Cm.sizes() == Bm.sizes(), "C must have B's shape");
+  TORCH_CHECK(Cm.sizes() == Bm.sizes() && Bm.size(0) == s.batch && Bm.size(1) == s.steps,
+              "B and C must be [B, T, G, N]");
   return s;
 }
 
-// rows [t0, t0 + L) of a [., width] tensor's (batch, head) into [L, padded], zeros past T and width
-template <typename At>
-void rows_in(const Ssd& s, const float* from, At at, int64_t t0, int64_t width, int64_t padded, float* to) {
+// rows [t0, t0 + L) of a view's (batch b, head or group i) into [L, padded], zeros past T and width
+void rows_in(const Ssd& s, const View& v, int64_t b, int64_t i, int64_t t0, int64_t width, int64_t padded,
+             float* to) {
   for (int64_t l = 0; l < L; ++l) {
     float* row = to + l * padded;
     const int64_t kept = t0 + l < s.steps ? width : 0;
-    if (kept) std::memcpy(row, from + at(t0 + l), width * sizeof(float));
+    if (kept) std::memcpy(row, v.at(b, t0 + l, i), width * sizeof(float));
     std::fill(row + kept, row + padded, 0.0f);
   }
 }
 
-// one chunk of one (batch, head): decays a_l = exp(dt_l A) (1 past T), step sizes, x and u = dt x [L, Pp],
-// B and C [L, Np] by step and [Np, L] by state column
-struct Chunk {
-  float a[L], dt[L];
-  Lines xs, u, Bs, Cs, BT, CT;
-  explicit Chunk(const Ssd& s) : xs(L * s.Pp()), u(L * s.Pp()), Bs(L * s.Np()), Cs(L * s.Np()), BT(s.Np() * L), CT(s.Np() * L) {}
+// one chunk's B and C for a (batch, group): by step [L, Np], by state column [Np, L], and the scores
+// Sc[l][s] = C_l . B_s, shared by the group's heads
+struct GroupChunk {
+  Lines Bs, Cs, BT, CT, Sc;
+  explicit GroupChunk(const Ssd& s) : Bs(L * s.Np()), Cs(L * s.Np()), BT(s.Np() * L), CT(s.Np() * L), Sc(L * L) {}
 
-  void fill(const Ssd& s, const float* x_p, const float* dt_p, float A, const float* B_p, const float* C_p,
-            int64_t b, int64_t h, int64_t t0, bool transposed) {
-    const int64_t Pp = s.Pp(), Np = s.Np();
-    rows_in(s, x_p, [&](int64_t t) { return s.x_at(b, t, h); }, t0, s.P, Pp, xs.data());
-    rows_in(s, B_p, [&](int64_t t) { return s.bc_at(b, t, h); }, t0, s.N, Np, Bs.data());
-    rows_in(s, C_p, [&](int64_t t) { return s.bc_at(b, t, h); }, t0, s.N, Np, Cs.data());
+  void fill(const Ssd& s, const View& Bv, const View& Cv, int64_t b, int64_t g, int64_t t0, bool whole) {
+    const int64_t Np = s.Np();
+    rows_in(s, Bv, b, g, t0, s.N, Np, Bs.data());
+    if (!whole) return;  // the state write needs B alone
+    rows_in(s, Cv, b, g, t0, s.N, Np, Cs.data());
+    transpose(Bs.data(), L, Np, BT.data());
+    transpose(Cs.data(), L, Np, CT.data());
+    gemm(Sc.data(), L, Sc.data(), 0.0f, CT.data(), 1, L, BT.data(), L, L, W, Np);
+  }
+};
+
+// one head's part of a chunk: decays a_l = exp(dt_l A) (1 past T), step sizes, x and u = dt x [L, Pp]
+struct HeadChunk {
+  float a[L], dt[L];
+  Lines xs, u;
+  explicit HeadChunk(const Ssd& s) : xs(L * s.Pp()), u(L * s.Pp()) {}
+
+  void fill(const Ssd& s, const View& xv, const View& dtv, float A, int64_t b, int64_t h, int64_t t0) {
+    const int64_t Pp = s.Pp();
+    rows_in(s, xv, b, h, t0, s.P, Pp, xs.data());
     for (int64_t l = 0; l < L; ++l) {
-      dt[l] = t0 + l < s.steps ? dt_p[s.dt_at(b, t0 + l, h)] : 0.0f;
+      dt[l] = t0 + l < s.steps ? *dtv.at(b, t0 + l, h) : 0.0f;
       a[l] = std::exp(dt[l] * A);
       for (int64_t p = 0; p < Pp; p += W) store(u.data() + l * Pp + p, dt[l] * load(xs.data() + l * Pp + p));
-    }
-    if (transposed) {
-      transpose(Bs.data(), L, Np, BT.data());
-      transpose(Cs.data(), L, Np, CT.data());
     }
   }
 };
@@ -239,17 +265,16 @@ struct Decays {
   float whole() const { return g[L - 1]; }      // over the whole chunk
 };
 
-// M[l][s] = E[l][s] C_l . B_s: the chunk's outputs from its own inputs are M u
-void scores(const Ssd& s, const Chunk& ch, const Decays& d, float* M) {
-  gemm(M, L, M, 0.0f, ch.CT.data(), 1, L, ch.BT.data(), L, L, W, s.Np());
-  for (int64_t l = 0; l < L; ++l) store(M + l * L, load(M + l * L) * load(d.E[l]));
+// M[l][s] = E[l][s] C_l . B_s: a head's outputs of a chunk from the chunk's own inputs are M u
+void decayed(const Decays& d, const float* Sc, float* M) {
+  for (int64_t l = 0; l < L; ++l) store(M + l * L, load(Sc + l * L) * load(d.E[l]));
 }
 
 // uw[s] = w_s u_s: each step's input decayed to the chunk's end
-void to_end(const Ssd& s, const Chunk& ch, const Decays& d, float* uw) {
+void to_end(const Ssd& s, const HeadChunk& hc, const Decays& d, float* uw) {
   const int64_t Pp = s.Pp();
   for (int64_t l = 0; l < L; ++l)
-    for (int64_t p = 0; p < Pp; p += W) store(uw + l * Pp + p, d.w()[l] * load(ch.u.data() + l * Pp + p));
+    for (int64_t p = 0; p < Pp; p += W) store(uw + l * Pp + p, d.w()[l] * load(hc.u.data() + l * Pp + p));
 }
 
 // a [P, N] state into [Pp, Np] floats, zeros past P and N, and back
@@ -265,151 +290,196 @@ void state_out(const Ssd& s, const float* from, float* S_bh) {
 
 }  // namespace
 
-// x [B, T, H, P], dt [B, T, H] (positive), A [H], Bm, Cm [B, T, G, N], S0 [B, H, P, N]
-// -> y [B, T, H, P] (S_t C_t, no skip) and the last state [B, H, P, N]
+// x [B, T, H, P], dt [B, T, H] (positive), A [H], Bm, Cm [B, T, G, N], D [H], S0 [B, H, P, N]
+// -> y [B, T, H, P] (S_t C_t + D x_t) and the last state [B, H, P, N]
 std::vector<at::Tensor> ssd_forward(at::Tensor x, at::Tensor dt, at::Tensor A, at::Tensor Bm, at::Tensor Cm,
-                                    at::Tensor S0) {
-  const Ssd s = sizes(x, dt, A, Bm, Cm, S0);
-  at::Tensor y = at::empty_like(x), last = at::empty_like(S0);
-  const float *x_p = x.data_ptr<float>(), *dt_p = dt.data_ptr<float>(), *A_p = A.data_ptr<float>();
-  const float *B_p = Bm.data_ptr<float>(), *C_p = Cm.data_ptr<float>(), *S0_p = S0.data_ptr<float>();
+                                    at::Tensor D, at::Tensor S0) {
+  const Ssd s = sizes(x, dt, A, Bm, Cm, D, S0);
+  at::Tensor y = at::empty({s.batch, s.steps, s.heads, s.P}, x.options()), last = at::empty_like(S0);
+  const View xv = view_of(x), dtv = view_of(dt), Bv = view_of(Bm), Cv = view_of(Cm);
+  const float *A_p = A.data_ptr<float>(), *D_p = D.data_ptr<float>(), *S0_p = S0.data_ptr<float>();
   float *y_p = y.data_ptr<float>(), *last_p = last.data_ptr<float>();
-  const int64_t Pp = s.Pp(), Np = s.Np(), PN = s.P * s.N;
-  at::parallel_for(0, s.batch * s.heads, 1, [&](int64_t begin, int64_t end) {
-    Chunk ch(s);
-    // the state as [Np, Pp]: row n holds column n of every row of S
-    Lines S(Pp * Np), ST(Np * Pp), M(L * L), intra(L * Pp), readout(L * Pp), uw(L * Pp);
-    for (int64_t bh = begin; bh < end; ++bh) {
-      const int64_t b = bh / s.heads, h = bh % s.heads;
-      state_in(s, S0_p + bh * PN, S.data());
-      transpose(S.data(), Pp, Np, ST.data());
-      for (int64_t t0 = 0; t0 < s.steps; t0 += L) {
-        ch.fill(s, x_p, dt_p, A_p[h], B_p, C_p, b, h, t0, true);
-        const Decays d(ch.a);
-        scores(s, ch, d, M.data());
-        gemm(intra.data(), Pp, intra.data(), 0.0f, M.data(), L, 1, ch.u.data(), Pp, L, Pp, L);
-        gemm(readout.data(), Pp, readout.data(), 0.0f, ch.Cs.data(), Np, 1, ST.data(), Pp, L, Pp, Np);
-        for (int64_t l = 0; l < L && t0 + l < s.steps; ++l) {
-          float* y_t = y_p + s.x_at(b, t0 + l, h);
-          for (int64_t p = 0; p < s.P; ++p) y_t[p] = intra[l * Pp + p] + d.g[l] * readout[l * Pp + p];
-        }
-        // ST = g_L ST + sum_s B_s (w_s u_s)^T
-        to_end(s, ch, d, uw.data());
-        gemm(ST.data(), Pp, ST.data(), d.whole(), ch.Bs.data(), 1, Np, uw.data(), Pp, Np, Pp, L);
+  const int64_t Pp = s.Pp(), Np = s.Np(), PN = s.P * s.N, R = s.per_group(), block = s.block();
+  // one (batch, group) at a time: its heads share the chunk's B, C and scores
+  at::parallel_for(0, s.batch * s.groups, 1, [&](int64_t begin, int64_t end) {
+    GroupChunk gc(s);
+    HeadChunk hc(s);
+    // each head's state as [Np, Pp]: row n holds column n of every row of S
+    Lines S(block), ST(R * block), M(L * L), intra(L * Pp), readout(L * Pp), uw(L * Pp);
+    for (int64_t bg = begin; bg < end; ++bg) {
+      const int64_t b = bg / s.groups, g = bg % s.groups;
+      for (int64_t r = 0; r < R; ++r) {
+        state_in(s, S0_p + (b * s.heads + g * R + r) * PN, S.data());
+        transpose(S.data(), Pp, Np, ST.data() + r * block);
       }
-      transpose(ST.data(), Np, Pp, S.data());
-      state_out(s, S.data(), last_p + bh * PN);
+      for (int64_t t0 = 0; t0 < s.steps; t0 += L) {
+        gc.fill(s, Bv, Cv, b, g, t0, true);
+        for (int64_t r = 0; r < R; ++r) {
+          const int64_t h = g * R + r;
+          float* ST_h = ST.data() + r * block;
+          hc.fill(s, xv, dtv, A_p[h], b, h, t0);
+          const Decays d(hc.a);
+          decayed(d, gc.Sc.data(), M.data());
+          gemm(intra.data(), Pp, intra.data(), 0.0f, M.data(), L, 1, hc.u.data(), Pp, L, Pp, L);
+          gemm(readout.data(), Pp, readout.data(), 0.0f, gc.Cs.data(), Np, 1, ST_h, Pp, L, Pp, Np);
+          for (int64_t l = 0; l < L && t0 + l < s.steps; ++l) {
+            float* y_t = y_p + ((b * s.steps + t0 + l) * s.heads + h) * s.P;
+            for (int64_t p = 0; p < s.P; ++p)
+              y_t[p] = intra[l * Pp + p] + d.g[l] * readout[l * Pp + p] + D_p[h] * hc.xs[l * Pp + p];
+          }
+          // ST = g_L ST + sum_s B_s (w_s u_s)^T
+          to_end(s, hc, d, uw.data());
+          gemm(ST_h, Pp, ST_h, d.whole(), gc.Bs.data(), 1, Np, uw.data(), Pp, Np, Pp, L);
+        }
+      }
+      for (int64_t r = 0; r < R; ++r) {
+        transpose(ST.data() + r * block, Np, Pp, S.data());
+        state_out(s, S.data(), last_p + (b * s.heads + g * R + r) * PN);
+      }
     }
   });
   return {y, last};
 }
 
 // the forward's inputs, dy [B, T, H, P] and dlast [B, H, P, N]
-// -> dx [B, T, H, P], ddt [B, T, H], dA [H], dB, dC per head [B, T, H, N], dS0 [B, H, P, N]
+// -> dx [B, T, H, P], ddt [B, T, H], dA [H], dB, dC [B, T, G, N], dD [H], dS0 [B, H, P, N]
 std::vector<at::Tensor> ssd_backward(at::Tensor x, at::Tensor dt, at::Tensor A, at::Tensor Bm, at::Tensor Cm,
-                                     at::Tensor S0, at::Tensor dy, at::Tensor dlast) {
-  const Ssd s = sizes(x, dt, A, Bm, Cm, S0);
+                                     at::Tensor D, at::Tensor S0, at::Tensor dy, at::Tensor dlast) {
+  const Ssd s = sizes(x, dt, A, Bm, Cm, D, S0);
   check(dy, "dy", 4); check(dlast, "dlast", 4);
-  const int64_t Pp = s.Pp(), Np = s.Np(), PN = s.P * s.N, chunks = s.chunks(), block = Pp * Np;
-  at::Tensor dx = at::empty_like(x), ddt = at::empty_like(dt), dS0 = at::empty_like(S0);
-  at::Tensor dA_part = at::empty({s.batch, s.heads}, x.options());
-  at::Tensor dB = at::empty({s.batch, s.steps, s.heads, s.N}, x.options()), dC = at::empty_like(dB);
-  const float *x_p = x.data_ptr<float>(), *dt_p = dt.data_ptr<float>(), *A_p = A.data_ptr<float>();
-  const float *B_p = Bm.data_ptr<float>(), *C_p = Cm.data_ptr<float>(), *S0_p = S0.data_ptr<float>();
-  const float *dy_p = dy.data_ptr<float>(), *dlast_p = dlast.data_ptr<float>();
+  TORCH_CHECK(dlast.is_contiguous(), "dlast: expected a contiguous tensor");
+  const int64_t Pp = s.Pp(), Np = s.Np(), PN = s.P * s.N, chunks = s.chunks(), block = s.block(), R = s.per_group();
+  at::Tensor dx = at::empty({s.batch, s.steps, s.heads, s.P}, x.options());
+  at::Tensor ddt = at::empty({s.batch, s.steps, s.heads}, x.options()), dS0 = at::empty_like(S0);
+  at::Tensor dA_part = at::empty({s.batch, s.heads}, x.options()), dD_part = at::empty_like(dA_part);
+  at::Tensor dB = at::empty({s.batch, s.steps, s.groups, s.N}, x.options()), dC = at::empty_like(dB);
+  const View xv = view_of(x), dtv = view_of(dt), Bv = view_of(Bm), Cv = view_of(Cm), dyv = view_of(dy);
+  const float *A_p = A.data_ptr<float>(), *D_p = D.data_ptr<float>(), *S0_p = S0.data_ptr<float>();
+  const float* dlast_p = dlast.data_ptr<float>();
   float *dx_p = dx.data_ptr<float>(), *ddt_p = ddt.data_ptr<float>(), *dS0_p = dS0.data_ptr<float>();
-  float *dA_p = dA_part.data_ptr<float>(), *dB_p = dB.data_ptr<float>(), *dC_p = dC.data_ptr<float>();
-  at::parallel_for(0, s.batch * s.heads, 1, [&](int64_t begin, int64_t end) {
-    Chunk ch(s);
-    // states as [Pp, Np] (S's own layout): the one entering each chunk, and dS
-    Lines starts((chunks + 1) * block), dS(block), uw(L * Pp), uT(Pp * L), gy(L * Pp), gyT(Pp * L), gyg(L * Pp);
-    Lines M(L * L), Dyu(L * L), Q(L * L), du(L * Pp), dx_row(Pp), dSBT(Pp * L), dSB(L * Pp), dBc(L * Np), dCc(L * Np);
-    for (int64_t bh = begin; bh < end; ++bh) {
-      const int64_t b = bh / s.heads, h = bh % s.heads;
-      const float A_h = A_p[h];
-      state_in(s, S0_p + bh * PN, starts.data());
+  float *dA_p = dA_part.data_ptr<float>(), *dD_p = dD_part.data_ptr<float>();
+  float *dB_p = dB.data_ptr<float>(), *dC_p = dC.data_ptr<float>();
+  at::parallel_for(0, s.batch * s.groups, 1, [&](int64_t begin, int64_t end) {
+    GroupChunk gc(s);
+    HeadChunk hc(s);
+    // states as [Pp, Np] (S's own layout): each head's state entering each chunk, and each head's dS
+    Lines starts(R * (chunks + 1) * block), dS(R * block);
+    Lines uw(L * Pp), uT(Pp * L), gy(L * Pp), gyT(Pp * L), gyg(L * Pp), M(L * L), Dyu(L * L), Q(L * L);
+    Lines du(L * Pp), dSBT(Pp * L), dSB(L * Pp), dx_row(Pp), dBh(L * Np), dCh(L * Np), dBg(L * Np), dCg(L * Np);
+    std::vector<float> dA(R), dD(R);
+    for (int64_t bg = begin; bg < end; ++bg) {
+      const int64_t b = bg / s.groups, g = bg % s.groups;
+      auto start_of = [&](int64_t r, int64_t c) { return starts.data() + (r * (chunks + 1) + c) * block; };
+      for (int64_t r = 0; r < R; ++r) state_in(s, S0_p + (b * s.heads + g * R + r) * PN, start_of(r, 0));
       for (int64_t c = 0; c < chunks; ++c) {  // S = g_L S + sum_s (w_s u_s) B_s^T
-        ch.fill(s, x_p, dt_p, A_h, B_p, C_p, b, h, c * L, false);
-        const Decays d(ch.a);
-        to_end(s, ch, d, uw.data());
-        float* next = starts.data() + (c + 1) * block;
-        gemm(next, Np, next - block, d.whole(), uw.data(), 1, Pp, ch.Bs.data(), Np, Pp, Np, L);
+        gc.fill(s, Bv, Cv, b, g, c * L, false);
+        for (int64_t r = 0; r < R; ++r) {
+          const int64_t h = g * R + r;
+          hc.fill(s, xv, dtv, A_p[h], b, h, c * L);
+          const Decays d(hc.a);
+          to_end(s, hc, d, uw.data());
+          gemm(start_of(r, c + 1), Np, start_of(r, c), d.whole(), uw.data(), 1, Pp, gc.Bs.data(), Np, Pp, Np, L);
+        }
       }
-      state_in(s, dlast_p + bh * PN, dS.data());
-      float dA = 0.0f;
+      for (int64_t r = 0; r < R; ++r) {
+        state_in(s, dlast_p + (b * s.heads + g * R + r) * PN, dS.data() + r * block);
+        dA[r] = dD[r] = 0.0f;
+      }
       for (int64_t c = chunks - 1; c >= 0; --c) {
         const int64_t t0 = c * L;
-        const float* S = starts.data() + c * block;
-        ch.fill(s, x_p, dt_p, A_h, B_p, C_p, b, h, t0, true);
-        rows_in(s, dy_p, [&](int64_t t) { return s.x_at(b, t, h); }, t0, s.P, Pp, gy.data());
-        transpose(ch.u.data(), L, Pp, uT.data());
-        transpose(gy.data(), L, Pp, gyT.data());
-        const Decays d(ch.a);
-        scores(s, ch, d, M.data());
-        to_end(s, ch, d, uw.data());
-        for (int64_t l = 0; l < L; ++l)
-          for (int64_t p = 0; p < Pp; p += W) store(gyg.data() + l * Pp + p, d.g[l] * load(gy.data() + l * Pp + p));
-        // Dyu[l][s] = dy_l . u_s, and Q = E Dyu: the gradient of the scores C_l . B_s
-        gemm(Dyu.data(), L, Dyu.data(), 0.0f, gyT.data(), 1, L, uT.data(), L, L, W, Pp);
-        for (int64_t l = 0; l < L; ++l) store(Q.data() + l * L, load(Dyu.data() + l * L) * load(d.E[l]));
-        // du_s = sum_l M[l][s] dy_l + w_s dS B_s  (dS the gradient of the chunk's end state)
-        gemm(du.data(), Pp, du.data(), 0.0f, M.data(), 1, L, gy.data(), Pp, L, Pp, L);
-        gemm(dSBT.data(), L, dSBT.data(), 0.0f, dS.data(), Np, 1, ch.BT.data(), L, Pp, W, Np);
-        for (int64_t p = 0; p < Pp; p += W) transpose16(dSBT.data() + p * L, L, dSB.data() + p, Pp);
-        for (int64_t l = 0; l < L; ++l)
-          for (int64_t p = 0; p < Pp; p += W)
-            store(du.data() + l * Pp + p, load(du.data() + l * Pp + p) + d.w()[l] * load(dSB.data() + l * Pp + p));
-        // dC_l = g_l S^T dy_l + sum_s Q[l][s] B_s;  dB_s = w_s dS^T u_s + sum_l Q[l][s] C_l
-        gemm(dCc.data(), Np, dCc.data(), 0.0f, gyg.data(), Pp, 1, S, Np, L, Np, Pp);
-        gemm(dBc.data(), Np, dBc.data(), 0.0f, uw.data(), Pp, 1, dS.data(), Np, L, Np, Pp);
-        float through_g[L], through_w[L];  // the parts of the decay gradient through g_l and w_s
-        for (int64_t l = 0; l < L; ++l) {
-          through_g[l] = dot(ch.Cs.data() + l * Np, dCc.data() + l * Np, Np);
-          through_w[l] = dot(ch.Bs.data() + l * Np, dBc.data() + l * Np, Np);
-        }
-        gemm(dCc.data(), Np, dCc.data(), 1.0f, Q.data(), L, 1, ch.Bs.data(), Np, L, Np, L);
-        gemm(dBc.data(), Np, dBc.data(), 1.0f, Q.data(), 1, L, ch.Cs.data(), Np, L, Np, L);
-        // through the whole chunk's decay, then dS for the chunk before: g_L dS + sum_l g_l dy_l C_l^T
-        const float through_all = d.whole() * dot(dS.data(), S, block);
-        gemm(dS.data(), Np, dS.data(), d.whole(), gyg.data(), 1, Pp, ch.Cs.data(), Np, Pp, Np, L);
-        // the gradient of each step's log decay dt_k A: every product of decays that holds a_k,
-        // g_l (l >= k), w_s (s < k), the whole chunk's, and E[l][s] (s < k <= l)
-        alignas(64) float cols[L][L];  // cols[l][k] = sum_{s < k} M[l][s] Dyu[l][s], for l >= k
-        for (int64_t l = 0; l < L; ++l) {
-          float run = 0.0f;
+        gc.fill(s, Bv, Cv, b, g, t0, true);
+        const float *B_c = gc.Bs.data(), *C_c = gc.Cs.data();
+        std::fill(dBg.data(), dBg.data() + L * Np, 0.0f);
+        std::fill(dCg.data(), dCg.data() + L * Np, 0.0f);
+        for (int64_t r = 0; r < R; ++r) {
+          const int64_t h = g * R + r;
+          const float* S = start_of(r, c);
+          float* dS_h = dS.data() + r * block;
+          hc.fill(s, xv, dtv, A_p[h], b, h, t0);
+          rows_in(s, dyv, b, h, t0, s.P, Pp, gy.data());
+          transpose(hc.u.data(), L, Pp, uT.data());
+          transpose(gy.data(), L, Pp, gyT.data());
+          const Decays d(hc.a);
+          decayed(d, gc.Sc.data(), M.data());
+          to_end(s, hc, d, uw.data());
+          for (int64_t l = 0; l < L; ++l)
+            for (int64_t p = 0; p < Pp; p += W) store(gyg.data() + l * Pp + p, d.g[l] * load(gy.data() + l * Pp + p));
+          // Dyu[l][s] = dy_l . u_s, and Q = E Dyu: the gradient of the scores C_l . B_s
+          gemm(Dyu.data(), L, Dyu.data(), 0.0f, gyT.data(), 1, L, uT.data(), L, L, W, Pp);
+          for (int64_t l = 0; l < L; ++l) store(Q.data() + l * L, load(Dyu.data() + l * L) * load(d.E[l]));
+          // du_s = sum_l M[l][s] dy_l + w_s dS B_s  (dS the gradient of the chunk's end state)
+          gemm(du.data(), Pp, du.data(), 0.0f, M.data(), 1, L, gy.data(), Pp, L, Pp, L);
+          gemm(dSBT.data(), L, dSBT.data(), 0.0f, dS_h, Np, 1, gc.BT.data(), L, Pp, W, Np);
+          for (int64_t p = 0; p < Pp; p += W) transpose16(dSBT.data() + p * L, L, dSB.data() + p, Pp);
+          for (int64_t l = 0; l < L; ++l)
+            for (int64_t p = 0; p < Pp; p += W)
+              store(du.data() + l * Pp + p, load(du.data() + l * Pp + p) + d.w()[l] * load(dSB.data() + l * Pp + p));
+          // dC_l = g_l S^T dy_l + sum_s Q[l][s] B_s;  dB_s = w_s dS^T u_s + sum_l Q[l][s] C_l
+          gemm(dCh.data(), Np, dCh.data(), 0.0f, gyg.data(), Pp, 1, S, Np, L, Np, Pp);
+          gemm(dBh.data(), Np, dBh.data(), 0.0f, uw.data(), Pp, 1, dS_h, Np, L, Np, Pp);
+          float through_g[L], through_w[L];  // the parts of the decay gradient through g_l and w_s
+          for (int64_t l = 0; l < L; ++l) {
+            through_g[l] = dot(C_c + l * Np, dCh.data() + l * Np, Np);
+            through_w[l] = dot(B_c + l * Np, dBh.data() + l * Np, Np);
+          }
+          gemm(dCg.data(), Np, dCg.data(), 1.0f, Q.data(), L, 1, B_c, Np, L, Np, L);
+          gemm(dBg.data(), Np, dBg.data(), 1.0f, Q.data(), 1, L, C_c, Np, L, Np, L);
+          for (int64_t i = 0; i < L * Np; i += W) {
+            store(dCg.data() + i, load(dCg.data() + i) + load(dCh.data() + i));
+            store(dBg.data() + i, load(dBg.data() + i) + load(dBh.data() + i));
+          }
+          // through the whole chunk's decay, then dS for the chunk before: g_L dS + sum_l g_l dy_l C_l^T
+          const float through_all = d.whole() * dot(dS_h, S, block);
+          gemm(dS_h, Np, dS_h, d.whole(), gyg.data(), 1, Pp, C_c, Np, Pp, Np, L);
+          // the gradient of each step's log decay dt_k A: every product of decays that holds a_k,
+          // g_l (l >= k), w_s (s < k), the whole chunk's, and E[l][s] (s < k <= l)
+          alignas(64) float cols[L][L];  // cols[l][k] = sum_{s < k} M[l][s] Dyu[l][s], for l >= k
+          for (int64_t l = 0; l < L; ++l) {
+            float run = 0.0f;
+            for (int64_t k = 0; k < L; ++k) {
+              cols[l][k] = run;
+              if (k < l) run += M[l * L + k] * Dyu[l * L + k];
+            }
+          }
+          float dlog[L];
+          vec inner = {};
+          float after = 0.0f, before = 0.0f;
+          for (int64_t k = L - 1; k >= 0; --k) {
+            inner += load(cols[k]);
+            after += through_g[k];
+            dlog[k] = through_all + after + inner[k];
+          }
           for (int64_t k = 0; k < L; ++k) {
-            cols[l][k] = run;
-            if (k < l) run += M[l * L + k] * Dyu[l * L + k];
+            dlog[k] += before;
+            before += through_w[k];
+          }
+          const float A_h = A_p[h], D_h = D_p[h];
+          for (int64_t k = 0; k < L && t0 + k < s.steps; ++k) {
+            const int64_t t = t0 + k;
+            const float *du_k = du.data() + k * Pp, *dy_k = gy.data() + k * Pp, *x_k = hc.xs.data() + k * Pp;
+            for (int64_t p = 0; p < Pp; p += W)
+              store(dx_row.data() + p, hc.dt[k] * load(du_k + p) + D_h * load(dy_k + p));
+            std::memcpy(dx_p + ((b * s.steps + t) * s.heads + h) * s.P, dx_row.data(), s.P * sizeof(float));
+            ddt_p[(b * s.steps + t) * s.heads + h] = dot(du_k, x_k, Pp) + dlog[k] * A_h;
+            dA[r] += dlog[k] * hc.dt[k];
+            dD[r] += dot(dy_k, x_k, Pp);
           }
         }
-        float dlog[L];
-        vec inner = {};
-        float after = 0.0f, before = 0.0f;
-        for (int64_t k = L - 1; k >= 0; --k) {
-          inner += load(cols[k]);
-          after += through_g[k];
-          dlog[k] = through_all + after + inner[k];
-        }
-        for (int64_t k = 0; k < L; ++k) {
-          dlog[k] += before;
-          before += through_w[k];
-        }
         for (int64_t k = 0; k < L && t0 + k < s.steps; ++k) {
-          const int64_t t = t0 + k;
-          for (int64_t p = 0; p < Pp; p += W) store(dx_row.data() + p, ch.dt[k] * load(du.data() + k * Pp + p));
-          std::memcpy(dx_p + s.x_at(b, t, h), dx_row.data(), s.P * sizeof(float));
-          const float through_u = dot(du.data() + k * Pp, ch.xs.data() + k * Pp, Pp);
-          ddt_p[s.dt_at(b, t, h)] = through_u + dlog[k] * A_h;
-          dA += dlog[k] * ch.dt[k];
-          std::memcpy(dB_p + s.head_at(b, t, h), dBc.data() + k * Np, s.N * sizeof(float));
-          std::memcpy(dC_p + s.head_at(b, t, h), dCc.data() + k * Np, s.N * sizeof(float));
+          const int64_t at = ((b * s.steps + t0 + k) * s.groups + g) * s.N;
+          std::memcpy(dB_p + at, dBg.data() + k * Np, s.N * sizeof(float));
+          std::memcpy(dC_p + at, dCg.data() + k * Np, s.N * sizeof(float));
         }
       }
-      state_out(s, dS.data(), dS0_p + bh * PN);
-      dA_p[bh] = dA;
+      for (int64_t r = 0; r < R; ++r) {
+        const int64_t bh = b * s.heads + g * R + r;
+        state_out(s, dS.data() + r * block, dS0_p + bh * PN);
+        dA_p[bh] = dA[r];
+        dD_p[bh] = dD[r];
+      }
     }
   });
-  return {dx, ddt, dA_part.sum(0), dB, dC, dS0};
+  return {dx, ddt, dA_part.sum(0), dB, dC, dD_part.sum(0), dS0};
 }
 """
 
@@ -448,43 +518,40 @@ def build_error() -> str | None:
 
 
 class _Ssd(torch.autograd.Function):
-    """The recurrence: (x, dt, A, B, C, S0) -> (S_t C_t [B, T, H, P], S_T [B, H, P, N])."""
+    """The scan with its skip: (x, dt, A, B, C, D, S0) -> (S_t C_t + D x_t [B, T, H, P], S_T [B, H, P, N])."""
 
     @staticmethod
-    def forward(ctx, module, x, dt, A, B_BTGN, C_BTGN, S0):
-        y, last = module.ssd_forward(x, dt, A, B_BTGN, C_BTGN, S0)
+    def forward(ctx, module, x, dt, A, B_BTGN, C_BTGN, D, S0):
+        y, last = module.ssd_forward(x, dt, A, B_BTGN, C_BTGN, D, S0)
         ctx.module = module
-        ctx.save_for_backward(x, dt, A, B_BTGN, C_BTGN, S0)
+        ctx.save_for_backward(x, dt, A, B_BTGN, C_BTGN, D, S0)
         return y, last
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dy, dlast):
-        x, dt, A, B_BTGN, C_BTGN, S0 = ctx.saved_tensors
-        dx, ddt, dA, dB_BTHN, dC_BTHN, dS0 = ctx.module.ssd_backward(
-            x, dt, A, B_BTGN, C_BTGN, S0, dy.contiguous(), dlast.contiguous())
-        batch, steps, groups, state = B_BTGN.shape
-        # a group's heads share its B and C: their gradients add up, [B, T, H, N] -> [B, T, G, N]
-        per_group = x.shape[2] // groups
-        dB, dC = (d.view(batch, steps, groups, per_group, state).sum(3) for d in (dB_BTHN, dC_BTHN))
-        return None, dx, ddt, dA, dB, dC, dS0
+        dx, ddt, dA, dB, dC, dD, dS0 = ctx.module.ssd_backward(*ctx.saved_tensors, _rows(dy), dlast.contiguous())
+        return None, dx, ddt, dA, dB, dC, dD, dS0
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x in float32 with a contiguous last dim; a view into a wider tensor stays a view."""
+    x = x.float()
+    return x if x.stride(-1) == 1 else x.contiguous()
 
 
 def _ssd(module, x, dt, A, B, C, D=None, *, initial_state=None, return_last_state=False):
-    out_dtype = x.dtype
-    x_BTHP = x.float().contiguous()
-    batch, _, heads, head_dim = x_BTHP.shape
+    batch, _, heads, head_dim = x.shape
     if heads % B.shape[2]:
         raise ValueError(f"ssd: {heads} heads do not split evenly over {B.shape[2]} groups")
     if initial_state is None:
-        S0_BHPN = x_BTHP.new_zeros(batch, heads, head_dim, B.shape[-1])
+        S0_BHPN = x.new_zeros(batch, heads, head_dim, B.shape[-1], dtype=torch.float32)
     else:
         S0_BHPN = initial_state.float().contiguous()
-    y_BTHP, last_BHPN = _Ssd.apply(module, x_BTHP, dt.float().contiguous(), A.float().contiguous(),
-                                   B.float().contiguous(), C.float().contiguous(), S0_BHPN)
-    if D is not None:
-        y_BTHP = y_BTHP + x_BTHP * D.float()[:, None]
-    y_BTHP = y_BTHP.to(out_dtype)
+    D_H = x.new_zeros(heads, dtype=torch.float32) if D is None else D.float().contiguous()
+    y_BTHP, last_BHPN = _Ssd.apply(module, _rows(x), _rows(dt), A.float().contiguous(), _rows(B), _rows(C), D_H,
+                                   S0_BHPN)
+    y_BTHP = y_BTHP.to(x.dtype)
     return (y_BTHP, last_BHPN) if return_last_state else y_BTHP
 
 
