@@ -37,7 +37,7 @@ import functools
 
 import torch
 import torch.nn.functional as F
-from archsearch_kernels.dispatch import ssd
+from archsearch_kernels.dispatch import rms_norm, ssd, swiglu
 from archsearch_kernels.ssd import ssd_naive
 from torch import nn
 
@@ -108,7 +108,13 @@ class Mamba2(nn.Module):
         return (y_BTD, state_BHPN) if return_last_state else y_BTD
 
     def gated_norm(self, y_BTE: torch.Tensor, z_BTE: torch.Tensor) -> torch.Tensor:
-        """RMSNorm(y * silu(z)) over each group's E/G channels, then the per-channel weight."""
-        gated_BTGX = (y_BTE * F.silu(z_BTE)).unflatten(-1, (self.sizes.groups, -1))
-        normed_BTE = F.rms_norm(gated_BTGX, gated_BTGX.shape[-1:], eps=self.norm_eps).flatten(-2)
-        return normed_BTE * self.norm_weight
+        """RMSNorm(y * silu(z)) over each group's E/G channels, then the per-channel weight.
+
+        The gate is SwiGLU's product, and with one group (the default) the norm is a plain
+        RMSNorm with the weight: both go through the dispatched kernels (C++ on a CPU, Triton on
+        CUDA), where the composite ops took about a tenth of a CPU training step."""
+        gated_BTE = swiglu(z_BTE, y_BTE)
+        if self.sizes.groups == 1:
+            return rms_norm(gated_BTE, self.norm_weight, self.norm_eps)
+        gated_BTGX = gated_BTE.unflatten(-1, (self.sizes.groups, -1))
+        return F.rms_norm(gated_BTGX, gated_BTGX.shape[-1:], eps=self.norm_eps).flatten(-2) * self.norm_weight
