@@ -290,12 +290,19 @@ void state_out(const Ssd& s, const float* from, float* S_bh) {
 
 }  // namespace
 
+// outputs are passed in, each contiguous and of the shape its comment gives
+void check_out(const at::Tensor& out, at::IntArrayRef shape, const char* name) {
+  TORCH_CHECK(out.scalar_type() == at::kFloat && out.is_contiguous() && out.sizes() == shape, name,
+              ": expected a contiguous float32 tensor of shape ", shape);
+}
+
 // x [B, T, H, P], dt [B, T, H] (positive), A [H], Bm, Cm [B, T, G, N], D [H], S0 [B, H, P, N]
-// -> y [B, T, H, P] (S_t C_t + D x_t) and the last state [B, H, P, N]
-std::vector<at::Tensor> ssd_forward(at::Tensor x, at::Tensor dt, at::Tensor A, at::Tensor Bm, at::Tensor Cm,
-                                    at::Tensor D, at::Tensor S0) {
+// -> y [B, T, H, P] (S_t C_t + D x_t) and last [B, H, P, N], the state after the last step
+void ssd_forward(at::Tensor x, at::Tensor dt, at::Tensor A, at::Tensor Bm, at::Tensor Cm, at::Tensor D,
+                 at::Tensor S0, at::Tensor y, at::Tensor last) {
   const Ssd s = sizes(x, dt, A, Bm, Cm, D, S0);
-  at::Tensor y = at::empty({s.batch, s.steps, s.heads, s.P}, x.options()), last = at::empty_like(S0);
+  check_out(y, {s.batch, s.steps, s.heads, s.P}, "y");
+  check_out(last, S0.sizes(), "last");
   const View xv = view_of(x), dtv = view_of(dt), Bv = view_of(Bm), Cv = view_of(Cm);
   const float *A_p = A.data_ptr<float>(), *D_p = D.data_ptr<float>(), *S0_p = S0.data_ptr<float>();
   float *y_p = y.data_ptr<float>(), *last_p = last.data_ptr<float>();
@@ -338,21 +345,24 @@ std::vector<at::Tensor> ssd_forward(at::Tensor x, at::Tensor dt, at::Tensor A, a
       }
     }
   });
-  return {y, last};
 }
 
-// the forward's inputs, dy [B, T, H, P] and dlast [B, H, P, N]
-// -> dx [B, T, H, P], ddt [B, T, H], dA [H], dB, dC [B, T, G, N], dD [H], dS0 [B, H, P, N]
-std::vector<at::Tensor> ssd_backward(at::Tensor x, at::Tensor dt, at::Tensor A, at::Tensor Bm, at::Tensor Cm,
-                                     at::Tensor D, at::Tensor S0, at::Tensor dy, at::Tensor dlast) {
+// the forward's inputs, dy [B, T, H, P] and dlast [B, H, P, N] -> dx [B, T, H, P], ddt [B, T, H],
+// dA and dD per batch row [B, H] (torch sums them), dB, dC [B, T, G, N] and dS0 [B, H, P, N]
+void ssd_backward(at::Tensor x, at::Tensor dt, at::Tensor A, at::Tensor Bm, at::Tensor Cm, at::Tensor D,
+                  at::Tensor S0, at::Tensor dy, at::Tensor dlast, at::Tensor dx, at::Tensor ddt, at::Tensor dA_part,
+                  at::Tensor dD_part, at::Tensor dB, at::Tensor dC, at::Tensor dS0) {
   const Ssd s = sizes(x, dt, A, Bm, Cm, D, S0);
   check(dy, "dy", 4); check(dlast, "dlast", 4);
   TORCH_CHECK(dlast.is_contiguous(), "dlast: expected a contiguous tensor");
+  check_out(dx, {s.batch, s.steps, s.heads, s.P}, "dx");
+  check_out(ddt, {s.batch, s.steps, s.heads}, "ddt");
+  check_out(dA_part, {s.batch, s.heads}, "dA_part");
+  check_out(dD_part, {s.batch, s.heads}, "dD_part");
+  check_out(dB, Bm.sizes(), "dB");
+  check_out(dC, Bm.sizes(), "dC");
+  check_out(dS0, S0.sizes(), "dS0");
   const int64_t Pp = s.Pp(), Np = s.Np(), PN = s.P * s.N, chunks = s.chunks(), block = s.block(), R = s.per_group();
-  at::Tensor dx = at::empty({s.batch, s.steps, s.heads, s.P}, x.options());
-  at::Tensor ddt = at::empty({s.batch, s.steps, s.heads}, x.options()), dS0 = at::empty_like(S0);
-  at::Tensor dA_part = at::empty({s.batch, s.heads}, x.options()), dD_part = at::empty_like(dA_part);
-  at::Tensor dB = at::empty({s.batch, s.steps, s.groups, s.N}, x.options()), dC = at::empty_like(dB);
   const View xv = view_of(x), dtv = view_of(dt), Bv = view_of(Bm), Cv = view_of(Cm), dyv = view_of(dy);
   const float *A_p = A.data_ptr<float>(), *D_p = D.data_ptr<float>(), *S0_p = S0.data_ptr<float>();
   const float* dlast_p = dlast.data_ptr<float>();
@@ -479,7 +489,6 @@ std::vector<at::Tensor> ssd_backward(at::Tensor x, at::Tensor dt, at::Tensor A, 
       }
     }
   });
-  return {dx, ddt, dA_part.sum(0), dB, dC, dD_part.sum(0), dS0};
 }
 """
 
@@ -522,7 +531,9 @@ class _Ssd(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, module, x, dt, A, B_BTGN, C_BTGN, D, S0):
-        y, last = module.ssd_forward(x, dt, A, B_BTGN, C_BTGN, D, S0)
+        # outputs from torch.empty, so a test that fills new buffers with NaN sees any element left unwritten
+        y, last = torch.empty(x.shape, dtype=torch.float32), torch.empty(S0.shape, dtype=torch.float32)
+        module.ssd_forward(x, dt, A, B_BTGN, C_BTGN, D, S0, y, last)
         ctx.module = module
         ctx.save_for_backward(x, dt, A, B_BTGN, C_BTGN, D, S0)
         return y, last
@@ -530,8 +541,11 @@ class _Ssd(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, dy, dlast):
-        dx, ddt, dA, dB, dC, dD, dS0 = ctx.module.ssd_backward(*ctx.saved_tensors, _rows(dy), dlast.contiguous())
-        return None, dx, ddt, dA, dB, dC, dD, dS0
+        x, dt, A, B_BTGN, C_BTGN, D, S0 = ctx.saved_tensors
+        dx, ddt, dS0, dB, dC = (torch.empty(t.shape, dtype=torch.float32) for t in (x, dt, S0, B_BTGN, B_BTGN))
+        dA_BH, dD_BH = (torch.empty(x.shape[0], x.shape[2], dtype=torch.float32) for _ in range(2))
+        ctx.module.ssd_backward(*ctx.saved_tensors, _rows(dy), dlast.contiguous(), dx, ddt, dA_BH, dD_BH, dB, dC, dS0)
+        return None, dx, ddt, dA_BH.sum(0), dB, dC, dD_BH.sum(0), dS0
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:

@@ -61,6 +61,20 @@ def test_strong_decay_stays_finite_and_matches(shape, monkeypatch):
     assert_matches_naive(inputs)
 
 
+def test_reads_views_of_one_wide_tensor_in_place(monkeypatch):
+    """x, B and C as a Mamba-2 layer passes them: column slices of the conv's output, whose rows
+    are contiguous and far apart; the kernel reads them with their strides."""
+    b, t, h, p, g, n = 2, 37, 4, 19, 2, 67
+    wide = torch.randn(b, t, h * p + 2 * g * n + 3)
+    x, B, C = wide[..., :h * p], wide[..., h * p:h * p + g * n], wide[..., h * p + g * n:-3]
+    inputs = {name: value.detach() for name, value in make_inputs(Shape(b, t, h, p, g, n, 0)).items()}
+    inputs.update(x=x.unflatten(-1, (h, p)), B=B.unflatten(-1, (g, n)), C=C.unflatten(-1, (g, n)))
+    assert not inputs["x"].is_contiguous() and inputs["x"].stride(-1) == 1
+    inputs = {name: value.requires_grad_() for name, value in inputs.items()}
+    poison_empty(monkeypatch)
+    assert_matches_naive(inputs)
+
+
 def test_without_initial_state_or_skip():
     inputs = make_inputs(Shape(2, 21, 4, 3, 2, 5, 0))
     bare = {name: inputs[name] for name in ("x", "dt", "A", "B", "C")}
