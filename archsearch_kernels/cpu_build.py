@@ -40,8 +40,7 @@ ARCH_FLAGS = {
     "AVX2": ["-mavx2", "-mfma"],
 }
 
-# prepended to every extension's source: the headers, a vectorisable exp, cache-line-aligned
-# scratch and the sums across lanes of 16 rows of partial sums (both scans' readouts and gradients)
+# prepended to every extension's source: the headers, a vectorisable exp and cache-line-aligned scratch
 PRELUDE = r"""
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -51,7 +50,7 @@ PRELUDE = r"""
 #include <cstring>
 #include <vector>
 #if defined(__AVX512F__)
-#include <immintrin.h>
+#include <immintrin.h>  // the scans' AVX-512 shuffles
 #endif
 
 namespace archsearch_cpu {
@@ -98,40 +97,6 @@ class Lines {
   std::vector<float> raw_;
   float* at_;
 };
-
-// out[i] = the sum of the 16 floats at rows + 16 i, for i < n (n vectors of partial sums, one a row):
-// sixteen rows at a time by a transpose-and-add tree (AVX-512), the rest one by one
-inline void row_sums(const float* rows, int64_t n, float* out) {
-  int64_t i = 0;
-#if defined(__AVX512F__)
-  for (; i + 16 <= n; i += 16) {
-    const float* r = rows + i * 16;
-    __m512 pairs[8], quads[4];
-    for (int j = 0; j < 8; ++j) {  // per 128-bit block: [a0+a2, b0+b2, a1+a3, b1+b3] of rows a, b
-      const __m512 a = _mm512_loadu_ps(r + 2 * j * 16), b = _mm512_loadu_ps(r + (2 * j + 1) * 16);
-      pairs[j] = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
-    }
-    for (int j = 0; j < 4; ++j) {  // per 128-bit block: the block's sums of rows 4j .. 4j + 3
-      const __m512 c = pairs[2 * j], d = pairs[2 * j + 1];
-      quads[j] = _mm512_add_ps(_mm512_shuffle_ps(c, d, _MM_SHUFFLE(1, 0, 1, 0)),
-                               _mm512_shuffle_ps(c, d, _MM_SHUFFLE(3, 2, 3, 2)));
-    }
-    // add the four 128-bit blocks of each quad: block j of the result holds rows 4j .. 4j + 3
-    const __m512 x01 = _mm512_add_ps(_mm512_shuffle_f32x4(quads[0], quads[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                     _mm512_shuffle_f32x4(quads[0], quads[1], _MM_SHUFFLE(3, 1, 3, 1)));
-    const __m512 x23 = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2], quads[3], _MM_SHUFFLE(2, 0, 2, 0)),
-                                     _mm512_shuffle_f32x4(quads[2], quads[3], _MM_SHUFFLE(3, 1, 3, 1)));
-    _mm512_storeu_ps(out + i, _mm512_add_ps(_mm512_shuffle_f32x4(x01, x23, _MM_SHUFFLE(2, 0, 2, 0)),
-                                            _mm512_shuffle_f32x4(x01, x23, _MM_SHUFFLE(3, 1, 3, 1))));
-  }
-#endif
-  for (; i < n; ++i) {
-    float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t l = 0; l < 16; ++l) sum += rows[i * 16 + l];
-    out[i] = sum;
-  }
-}
 
 inline void check_float(const at::Tensor& x, const char* name) {
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.device().is_cpu(), name, ": expected a float32 CPU tensor");
