@@ -106,29 +106,27 @@ inline void tile(float* out, int64_t out_row, const float* from, float scale, co
     for (int k = 0; k < K; ++k) store(out + i * out_row + k * W, acc[i][k]);
 }
 
+// the tiles of I rows by K vectors down rows [0, rows) at column c, then the rows past the last whole tile
+template <int I, int K>
+inline void tile_rows(float* out, int64_t out_row, const float* from, float scale, const float* a, int64_t a_row,
+                      int64_t a_col, const float* b, int64_t b_row, int64_t depth, int64_t rows, int64_t c) {
+  int64_t i = 0;
+  for (; i + I <= rows; i += I)
+    tile<I, K>(out + i * out_row + c, out_row, from + i * out_row + c, scale, a + i * a_row, a_row, a_col, b + c,
+               b_row, depth);
+  for (; i < rows; ++i)
+    tile<1, K>(out + i * out_row + c, out_row, from + i * out_row + c, scale, a + i * a_row, a_row, a_col, b + c,
+               b_row, depth);
+}
+
 // out [rows, width] = scale from + A [rows, depth] Bm [depth, width], width a whole number of vectors.
 // Four rows by four vectors a tile, or sixteen rows of one vector (best with A read down its columns, a_row 1)
 void gemm(float* out, int64_t out_row, const float* from, float scale, const float* a, int64_t a_row, int64_t a_col,
           const float* b, int64_t b_row, int64_t rows, int64_t width, int64_t depth) {
   int64_t c = 0;
-  for (; c + 4 * W <= width; c += 4 * W) {
-    int64_t i = 0;
-    for (; i + 4 <= rows; i += 4)
-      tile<4, 4>(out + i * out_row + c, out_row, from + i * out_row + c, scale, a + i * a_row, a_row, a_col,
-                 b + c, b_row, depth);
-    for (; i < rows; ++i)
-      tile<1, 4>(out + i * out_row + c, out_row, from + i * out_row + c, scale, a + i * a_row, a_row, a_col,
-                 b + c, b_row, depth);
-  }
-  for (; c < width; c += W) {
-    int64_t i = 0;
-    for (; i + 16 <= rows; i += 16)
-      tile<16, 1>(out + i * out_row + c, out_row, from + i * out_row + c, scale, a + i * a_row, a_row, a_col,
-                  b + c, b_row, depth);
-    for (; i < rows; ++i)
-      tile<1, 1>(out + i * out_row + c, out_row, from + i * out_row + c, scale, a + i * a_row, a_row, a_col,
-                 b + c, b_row, depth);
-  }
+  for (; c + 4 * W <= width; c += 4 * W)
+    tile_rows<4, 4>(out, out_row, from, scale, a, a_row, a_col, b, b_row, depth, rows, c);
+  for (; c < width; c += W) tile_rows<16, 1>(out, out_row, from, scale, a, a_row, a_col, b, b_row, depth, rows, c);
 }
 
 // a 16 x 16 block: to[c to_row + r] = from[r from_row + c]
