@@ -24,7 +24,8 @@ decay underflows to 0 as the reference's does and a weak one after it is not los
 
 Backward: each head's state entering every chunk is recomputed (one state write a chunk, kept in a
 scratch of T / L states a head: a thread holds a group's, 33 MB at T 2048 with 8 heads of P 64,
-N 128), then the chunks are walked from the last carrying dS, the gradient of the chunk's end state. With M[l][s] = E[l][s] C_l . B_s and Q[l][s] = E[l][s] dy_l . u_s,
+N 128), then the chunks are walked from the last carrying dS, the gradient of the chunk's end state
+(`HeadBack`). With M[l][s] = E[l][s] C_l . B_s and Q[l][s] = E[l][s] dy_l . u_s,
 
     du_s = sum_l M[l][s] dy_l + E[L-1][s] dS B_s          dS <- g_L dS + sum_l g_l dy_l C_l^T
     dC_l = g_l S^T dy_l + sum_s Q[l][s] B_s               dB_s = E[L-1][s] dS^T u_s + sum_l Q[l][s] C_l
@@ -286,13 +287,103 @@ void state_out(const Ssd& s, const float* from, float* S_bh) {
   for (int64_t p = 0; p < s.P; ++p) std::memcpy(S_bh + p * s.N, from + p * s.Np(), s.N * sizeof(float));
 }
 
-}  // namespace
-
 // outputs are passed in, each contiguous and of the shape its comment gives
 void check_out(const at::Tensor& out, at::IntArrayRef shape, const char* name) {
   TORCH_CHECK(out.scalar_type() == at::kFloat && out.is_contiguous() && out.sizes() == shape, name,
               ": expected a contiguous float32 tensor of shape ", shape);
 }
+
+// the gradient of each step's log decay dt_k A in a chunk: every product of decays that holds a_k,
+// g_l (l >= k), w_s (s < k), the whole chunk's, and E[l][s] (s < k <= l), given the parts of the loss's
+// change through each g_l, each w_s and the whole, and the scores' M and Dyu
+void log_decay_grads(const float* M, const float* Dyu, const float* through_g, const float* through_w,
+                     float through_all, float* dlog) {
+  alignas(64) float cols[L][L];  // cols[l][k] = sum_{s < k} M[l][s] Dyu[l][s], for l >= k
+  for (int64_t l = 0; l < L; ++l) {
+    float run = 0.0f;
+    for (int64_t k = 0; k < L; ++k) {
+      cols[l][k] = run;
+      if (k < l) run += M[l * L + k] * Dyu[l * L + k];
+    }
+  }
+  vec inner = {};
+  float after = 0.0f, before = 0.0f;
+  for (int64_t k = L - 1; k >= 0; --k) {
+    inner += load(cols[k]);
+    after += through_g[k];
+    dlog[k] = through_all + after + inner[k];
+  }
+  for (int64_t k = 0; k < L; ++k) {
+    dlog[k] += before;
+    before += through_w[k];
+  }
+}
+
+// one head's chunk of the walk back, with its scratch. `chunk` turns dS, the gradient of the chunk's end
+// state, into that of its start state, adds the head's dB and dC into its group's [L, Np] rows, writes
+// its dx and ddt rows and adds to its dA and dD
+struct HeadBack {
+  Lines uw, uT, gy, gyT, gyg, M, Dyu, Q, du, dSBT, dSB, dx_row, dBh, dCh;
+  explicit HeadBack(const Ssd& s)
+      : uw(L * s.Pp()), uT(s.Pp() * L), gy(L * s.Pp()), gyT(s.Pp() * L), gyg(L * s.Pp()), M(L * L), Dyu(L * L),
+        Q(L * L), du(L * s.Pp()), dSBT(s.Pp() * L), dSB(L * s.Pp()), dx_row(s.Pp()), dBh(L * s.Np()),
+        dCh(L * s.Np()) {}
+
+  void chunk(const Ssd& s, const GroupChunk& gc, const HeadChunk& hc, const View& dyv, float A_h, float D_h,
+             int64_t b, int64_t h, int64_t t0, const float* S, float* dS, float* dBg, float* dCg, float* dx_p,
+             float* ddt_p, float& dA, float& dD) {
+    const int64_t Pp = s.Pp(), Np = s.Np();
+    const float *B_c = gc.Bs.data(), *C_c = gc.Cs.data();
+    rows_in(s, dyv, b, h, t0, s.P, Pp, gy.data());
+    transpose(hc.u.data(), L, Pp, uT.data());
+    transpose(gy.data(), L, Pp, gyT.data());
+    const Decays d(hc.a);
+    decayed(d, gc.Sc.data(), M.data());
+    to_end(s, hc, d, uw.data());
+    for (int64_t l = 0; l < L; ++l)
+      for (int64_t p = 0; p < Pp; p += W) store(gyg.data() + l * Pp + p, d.g[l] * load(gy.data() + l * Pp + p));
+    // Dyu[l][s] = dy_l . u_s, and Q = E Dyu: the gradient of the scores C_l . B_s
+    gemm(Dyu.data(), L, Dyu.data(), 0.0f, gyT.data(), 1, L, uT.data(), L, L, W, Pp);
+    for (int64_t l = 0; l < L; ++l) store(Q.data() + l * L, load(Dyu.data() + l * L) * load(d.E[l]));
+    // du_s = sum_l M[l][s] dy_l + w_s dS B_s
+    gemm(du.data(), Pp, du.data(), 0.0f, M.data(), 1, L, gy.data(), Pp, L, Pp, L);
+    gemm(dSBT.data(), L, dSBT.data(), 0.0f, dS, Np, 1, gc.BT.data(), L, Pp, W, Np);
+    for (int64_t p = 0; p < Pp; p += W) transpose16(dSBT.data() + p * L, L, dSB.data() + p, Pp);
+    for (int64_t l = 0; l < L; ++l)
+      for (int64_t p = 0; p < Pp; p += W)
+        store(du.data() + l * Pp + p, load(du.data() + l * Pp + p) + d.w()[l] * load(dSB.data() + l * Pp + p));
+    // dC_l = g_l S^T dy_l + sum_s Q[l][s] B_s;  dB_s = w_s dS^T u_s + sum_l Q[l][s] C_l
+    gemm(dCh.data(), Np, dCh.data(), 0.0f, gyg.data(), Pp, 1, S, Np, L, Np, Pp);
+    gemm(dBh.data(), Np, dBh.data(), 0.0f, uw.data(), Pp, 1, dS, Np, L, Np, Pp);
+    float through_g[L], through_w[L];  // the parts of the decay gradient through g_l and w_s
+    for (int64_t l = 0; l < L; ++l) {
+      through_g[l] = dot(C_c + l * Np, dCh.data() + l * Np, Np);
+      through_w[l] = dot(B_c + l * Np, dBh.data() + l * Np, Np);
+    }
+    gemm(dCg, Np, dCg, 1.0f, Q.data(), L, 1, B_c, Np, L, Np, L);
+    gemm(dBg, Np, dBg, 1.0f, Q.data(), 1, L, C_c, Np, L, Np, L);
+    for (int64_t i = 0; i < L * Np; i += W) {
+      store(dCg + i, load(dCg + i) + load(dCh.data() + i));
+      store(dBg + i, load(dBg + i) + load(dBh.data() + i));
+    }
+    // through the whole chunk's decay, then dS for the chunk before: g_L dS + sum_l g_l dy_l C_l^T
+    const float through_all = d.whole() * dot(dS, S, s.block());
+    gemm(dS, Np, dS, d.whole(), gyg.data(), 1, Pp, C_c, Np, Pp, Np, L);
+    float dlog[L];
+    log_decay_grads(M.data(), Dyu.data(), through_g, through_w, through_all, dlog);
+    for (int64_t k = 0; k < L && t0 + k < s.steps; ++k) {
+      const int64_t t = t0 + k;
+      const float *du_k = du.data() + k * Pp, *dy_k = gy.data() + k * Pp, *x_k = hc.xs.data() + k * Pp;
+      for (int64_t p = 0; p < Pp; p += W) store(dx_row.data() + p, hc.dt[k] * load(du_k + p) + D_h * load(dy_k + p));
+      std::memcpy(dx_p + ((b * s.steps + t) * s.heads + h) * s.P, dx_row.data(), s.P * sizeof(float));
+      ddt_p[(b * s.steps + t) * s.heads + h] = dot(du_k, x_k, Pp) + dlog[k] * A_h;
+      dA += dlog[k] * hc.dt[k];
+      dD += dot(dy_k, x_k, Pp);
+    }
+  }
+};
+
+}  // namespace
 
 // x [B, T, H, P], dt [B, T, H] (positive), A [H], Bm, Cm [B, T, G, N], D [H], S0 [B, H, P, N]
 // -> y [B, T, H, P] (S_t C_t + D x_t) and last [B, H, P, N], the state after the last step
@@ -370,10 +461,9 @@ void ssd_backward(at::Tensor x, at::Tensor dt, at::Tensor A, at::Tensor Bm, at::
   at::parallel_for(0, s.batch * s.groups, 1, [&](int64_t begin, int64_t end) {
     GroupChunk gc(s);
     HeadChunk hc(s);
+    HeadBack back(s);
     // states as [Pp, Np] (S's own layout): each head's state entering each chunk, and each head's dS
-    Lines starts(R * (chunks + 1) * block), dS(R * block);
-    Lines uw(L * Pp), uT(Pp * L), gy(L * Pp), gyT(Pp * L), gyg(L * Pp), M(L * L), Dyu(L * L), Q(L * L);
-    Lines du(L * Pp), dSBT(Pp * L), dSB(L * Pp), dx_row(Pp), dBh(L * Np), dCh(L * Np), dBg(L * Np), dCg(L * Np);
+    Lines starts(R * (chunks + 1) * block), dS(R * block), uw(L * Pp), dBg(L * Np), dCg(L * Np);
     std::vector<float> dA(R), dD(R);
     for (int64_t bg = begin; bg < end; ++bg) {
       const int64_t b = bg / s.groups, g = bg % s.groups;
@@ -396,82 +486,13 @@ void ssd_backward(at::Tensor x, at::Tensor dt, at::Tensor A, at::Tensor Bm, at::
       for (int64_t c = chunks - 1; c >= 0; --c) {
         const int64_t t0 = c * L;
         gc.fill(s, Bv, Cv, b, g, t0, true);
-        const float *B_c = gc.Bs.data(), *C_c = gc.Cs.data();
         std::fill(dBg.data(), dBg.data() + L * Np, 0.0f);
         std::fill(dCg.data(), dCg.data() + L * Np, 0.0f);
-        for (int64_t r = 0; r < R; ++r) {
+        for (int64_t r = 0; r < R; ++r) {  // the group's heads in order, so dB and dC add up the same each run
           const int64_t h = g * R + r;
-          const float* S = start_of(r, c);
-          float* dS_h = dS.data() + r * block;
           hc.fill(s, xv, dtv, A_p[h], b, h, t0);
-          rows_in(s, dyv, b, h, t0, s.P, Pp, gy.data());
-          transpose(hc.u.data(), L, Pp, uT.data());
-          transpose(gy.data(), L, Pp, gyT.data());
-          const Decays d(hc.a);
-          decayed(d, gc.Sc.data(), M.data());
-          to_end(s, hc, d, uw.data());
-          for (int64_t l = 0; l < L; ++l)
-            for (int64_t p = 0; p < Pp; p += W) store(gyg.data() + l * Pp + p, d.g[l] * load(gy.data() + l * Pp + p));
-          // Dyu[l][s] = dy_l . u_s, and Q = E Dyu: the gradient of the scores C_l . B_s
-          gemm(Dyu.data(), L, Dyu.data(), 0.0f, gyT.data(), 1, L, uT.data(), L, L, W, Pp);
-          for (int64_t l = 0; l < L; ++l) store(Q.data() + l * L, load(Dyu.data() + l * L) * load(d.E[l]));
-          // du_s = sum_l M[l][s] dy_l + w_s dS B_s  (dS the gradient of the chunk's end state)
-          gemm(du.data(), Pp, du.data(), 0.0f, M.data(), 1, L, gy.data(), Pp, L, Pp, L);
-          gemm(dSBT.data(), L, dSBT.data(), 0.0f, dS_h, Np, 1, gc.BT.data(), L, Pp, W, Np);
-          for (int64_t p = 0; p < Pp; p += W) transpose16(dSBT.data() + p * L, L, dSB.data() + p, Pp);
-          for (int64_t l = 0; l < L; ++l)
-            for (int64_t p = 0; p < Pp; p += W)
-              store(du.data() + l * Pp + p, load(du.data() + l * Pp + p) + d.w()[l] * load(dSB.data() + l * Pp + p));
-          // dC_l = g_l S^T dy_l + sum_s Q[l][s] B_s;  dB_s = w_s dS^T u_s + sum_l Q[l][s] C_l
-          gemm(dCh.data(), Np, dCh.data(), 0.0f, gyg.data(), Pp, 1, S, Np, L, Np, Pp);
-          gemm(dBh.data(), Np, dBh.data(), 0.0f, uw.data(), Pp, 1, dS_h, Np, L, Np, Pp);
-          float through_g[L], through_w[L];  // the parts of the decay gradient through g_l and w_s
-          for (int64_t l = 0; l < L; ++l) {
-            through_g[l] = dot(C_c + l * Np, dCh.data() + l * Np, Np);
-            through_w[l] = dot(B_c + l * Np, dBh.data() + l * Np, Np);
-          }
-          gemm(dCg.data(), Np, dCg.data(), 1.0f, Q.data(), L, 1, B_c, Np, L, Np, L);
-          gemm(dBg.data(), Np, dBg.data(), 1.0f, Q.data(), 1, L, C_c, Np, L, Np, L);
-          for (int64_t i = 0; i < L * Np; i += W) {
-            store(dCg.data() + i, load(dCg.data() + i) + load(dCh.data() + i));
-            store(dBg.data() + i, load(dBg.data() + i) + load(dBh.data() + i));
-          }
-          // through the whole chunk's decay, then dS for the chunk before: g_L dS + sum_l g_l dy_l C_l^T
-          const float through_all = d.whole() * dot(dS_h, S, block);
-          gemm(dS_h, Np, dS_h, d.whole(), gyg.data(), 1, Pp, C_c, Np, Pp, Np, L);
-          // the gradient of each step's log decay dt_k A: every product of decays that holds a_k,
-          // g_l (l >= k), w_s (s < k), the whole chunk's, and E[l][s] (s < k <= l)
-          alignas(64) float cols[L][L];  // cols[l][k] = sum_{s < k} M[l][s] Dyu[l][s], for l >= k
-          for (int64_t l = 0; l < L; ++l) {
-            float run = 0.0f;
-            for (int64_t k = 0; k < L; ++k) {
-              cols[l][k] = run;
-              if (k < l) run += M[l * L + k] * Dyu[l * L + k];
-            }
-          }
-          float dlog[L];
-          vec inner = {};
-          float after = 0.0f, before = 0.0f;
-          for (int64_t k = L - 1; k >= 0; --k) {
-            inner += load(cols[k]);
-            after += through_g[k];
-            dlog[k] = through_all + after + inner[k];
-          }
-          for (int64_t k = 0; k < L; ++k) {
-            dlog[k] += before;
-            before += through_w[k];
-          }
-          const float A_h = A_p[h], D_h = D_p[h];
-          for (int64_t k = 0; k < L && t0 + k < s.steps; ++k) {
-            const int64_t t = t0 + k;
-            const float *du_k = du.data() + k * Pp, *dy_k = gy.data() + k * Pp, *x_k = hc.xs.data() + k * Pp;
-            for (int64_t p = 0; p < Pp; p += W)
-              store(dx_row.data() + p, hc.dt[k] * load(du_k + p) + D_h * load(dy_k + p));
-            std::memcpy(dx_p + ((b * s.steps + t) * s.heads + h) * s.P, dx_row.data(), s.P * sizeof(float));
-            ddt_p[(b * s.steps + t) * s.heads + h] = dot(du_k, x_k, Pp) + dlog[k] * A_h;
-            dA[r] += dlog[k] * hc.dt[k];
-            dD[r] += dot(dy_k, x_k, Pp);
-          }
+          back.chunk(s, gc, hc, dyv, A_p[h], D_p[h], b, h, t0, start_of(r, c), dS.data() + r * block, dBg.data(),
+                     dCg.data(), dx_p, ddt_p, dA[r], dD[r]);
         }
         for (int64_t k = 0; k < L && t0 + k < s.steps; ++k) {
           const int64_t at = ((b * s.steps + t0 + k) * s.groups + g) * s.N;
