@@ -71,6 +71,7 @@ using archsearch_cpu::Lines;
 
 constexpr int64_t W = 16;  // floats in a vector
 constexpr int64_t L = 16;  // steps in a chunk: one vector of them
+static_assert(L == W, "the [L, L] tiles and every product over a chunk's steps take its steps as one vector");
 typedef float vec __attribute__((vector_size(64)));
 
 inline vec load(const float* p) { vec v; std::memcpy(&v, p, sizeof v); return v; }
@@ -264,16 +265,17 @@ struct Decays {
   float whole() const { return g[L - 1]; }      // over the whole chunk
 };
 
-// M[l][s] = E[l][s] C_l . B_s: a head's outputs of a chunk from the chunk's own inputs are M u
-void decayed(const Decays& d, const float* Sc, float* M) {
-  for (int64_t l = 0; l < L; ++l) store(M + l * L, load(Sc + l * L) * load(d.E[l]));
+// to[l][s] = E[l][s] from[l][s] over a chunk's [L, L] step pairs: the scores C_l . B_s give M, whose
+// M u is a head's outputs of a chunk from the chunk's own inputs; dy_l . u_s gives Q, the scores' gradient
+void decayed(const Decays& d, const float* from, float* to) {
+  for (int64_t l = 0; l < L; ++l) store(to + l * L, load(from + l * L) * load(d.E[l]));
 }
 
-// uw[s] = w_s u_s: each step's input decayed to the chunk's end
-void to_end(const Ssd& s, const HeadChunk& hc, const Decays& d, float* uw) {
-  const int64_t Pp = s.Pp();
+// to[l] = factor[l] from[l] for a chunk's L rows of `width` floats (u_s decayed to the chunk's end by w_s,
+// dy_l by g_l)
+void scaled_rows(const float* from, const float* factor, int64_t width, float* to) {
   for (int64_t l = 0; l < L; ++l)
-    for (int64_t p = 0; p < Pp; p += W) store(uw + l * Pp + p, d.w()[l] * load(hc.u.data() + l * Pp + p));
+    for (int64_t i = 0; i < width; i += W) store(to + l * width + i, factor[l] * load(from + l * width + i));
 }
 
 // a [P, N] state into [Pp, Np] floats, zeros past P and N, and back
@@ -339,12 +341,11 @@ struct HeadBack {
     transpose(gy.data(), L, Pp, gyT.data());
     const Decays d(hc.a);
     decayed(d, gc.Sc.data(), M.data());
-    to_end(s, hc, d, uw.data());
-    for (int64_t l = 0; l < L; ++l)
-      for (int64_t p = 0; p < Pp; p += W) store(gyg.data() + l * Pp + p, d.g[l] * load(gy.data() + l * Pp + p));
+    scaled_rows(hc.u.data(), d.w(), Pp, uw.data());
+    scaled_rows(gy.data(), d.g, Pp, gyg.data());
     // Dyu[l][s] = dy_l . u_s, and Q = E Dyu: the gradient of the scores C_l . B_s
     gemm(Dyu.data(), L, Dyu.data(), 0.0f, gyT.data(), 1, L, uT.data(), L, L, W, Pp);
-    for (int64_t l = 0; l < L; ++l) store(Q.data() + l * L, load(Dyu.data() + l * L) * load(d.E[l]));
+    decayed(d, Dyu.data(), Q.data());
     // du_s = sum_l M[l][s] dy_l + w_s dS B_s
     gemm(du.data(), Pp, du.data(), 0.0f, M.data(), 1, L, gy.data(), Pp, L, Pp, L);
     gemm(dSBT.data(), L, dSBT.data(), 0.0f, dS, Np, 1, gc.BT.data(), L, Pp, W, Np);
@@ -424,7 +425,7 @@ void ssd_forward(at::Tensor x, at::Tensor dt, at::Tensor A, at::Tensor Bm, at::T
               y_t[p] = intra[l * Pp + p] + d.g[l] * readout[l * Pp + p] + D_p[h] * hc.xs[l * Pp + p];
           }
           // ST = g_L ST + sum_s B_s (w_s u_s)^T
-          to_end(s, hc, d, uw.data());
+          scaled_rows(hc.u.data(), d.w(), Pp, uw.data());
           gemm(ST_h, Pp, ST_h, d.whole(), gc.Bs.data(), 1, Np, uw.data(), Pp, Np, Pp, L);
         }
       }
@@ -475,7 +476,7 @@ void ssd_backward(at::Tensor x, at::Tensor dt, at::Tensor A, at::Tensor Bm, at::
           const int64_t h = g * R + r;
           hc.fill(s, xv, dtv, A_p[h], b, h, c * L);
           const Decays d(hc.a);
-          to_end(s, hc, d, uw.data());
+          scaled_rows(hc.u.data(), d.w(), Pp, uw.data());
           gemm(start_of(r, c + 1), Np, start_of(r, c), d.whole(), uw.data(), 1, Pp, gc.Bs.data(), Np, Pp, Np, L);
         }
       }
@@ -517,7 +518,7 @@ def _self_check(module) -> str | None:
     from .naive import ssd_naive
 
     gen = torch.Generator().manual_seed(0)
-    # two whole chunks and a ragged one; P 19 and N 67 are a block of four vectors, one of a part and padding
+    # two whole chunks and a ragged one; P 19 is a vector and a part of one, N 67 four vectors and a part
     b, t, h, g, p, n = 2, 2 * CHUNK + 3, 4, 2, 19, 67
     inputs = dict(x=torch.randn(b, t, h, p, generator=gen), dt=torch.rand(b, t, h, generator=gen) + 0.1,
                   A=-torch.rand(h, generator=gen) * 2, B=torch.randn(b, t, g, n, generator=gen),
