@@ -22,9 +22,9 @@ needed 11 P N. L = 16 steps is one vector, so the [L, L] tiles and every product
 whole vectors. Decays are products of the a_t, never differences of cumulative logs, so a strong
 decay underflows to 0 as the reference's does and a weak one after it is not lost to rounding.
 
-Backward: each head's state entering every chunk is recomputed (one state write a chunk, kept in a
-scratch of T / L states a head: a thread holds a group's, 33 MB at T 2048 with 8 heads of P 64,
-N 128), then the chunks are walked from the last carrying dS, the gradient of the chunk's end state
+Backward, one head at a time: the head's state entering every chunk is recomputed (one state
+write a chunk, kept in a thread's scratch of T / L + 1 states, 4.2 MB at T 2048 with P 64, N 128),
+then its chunks are walked from the last carrying dS, the gradient of the chunk's end state
 (`HeadBack`). With M[l][s] = E[l][s] C_l . B_s and Q[l][s] = E[l][s] dy_l . u_s,
 
     du_s = sum_l M[l][s] dy_l + E[L-1][s] dS B_s          dS <- g_L dS + sum_l g_l dy_l C_l^T
@@ -41,12 +41,14 @@ step in rows along N and are stored as they are. The few operands needed the oth
 state column, u and dy by step) are transposed in 16 x 16 blocks, with AVX-512 shuffles where the
 CPU has them.
 
-Work is split by (batch, group) over torch's threads: a chunk's B and C rows, their transposes and
-the scores C_l . B_s are formed once and used by each of the group's heads in turn, and the heads'
-dB and dC are summed in that fixed order, so the result does not depend on scheduling. (With fewer
-(batch, group) pairs than threads some threads idle; Mamba-2 layers have one group by default.) x, B and C
-are read in place when only their rows are contiguous (the views a layer's split of its projection
-gives). The skip D x is taken inside too: y gains D x, dx gains D dy, and dD sums <dy, x>.
+Work is split by (batch, group) over torch's threads. In the forward a chunk's B and C rows, their
+transposes and the scores C_l . B_s are formed once and used by each of the group's heads in turn;
+the backward forms them again for each head, so that a thread's scratch holds one head's states, not
+a group's. The heads' dB and dC are summed in a fixed order, so the result does not depend on
+scheduling. (With fewer (batch, group) pairs than threads some threads idle; Mamba-2 layers have
+one group by default.) x, B and C are read in place when only their rows are contiguous (the views a
+layer's split of its projection gives). The skip D x is taken inside too: y gains D x, dx gains
+D dy, and dD sums <dy, x>.
 
 Building: `SSD` (archsearch_kernels/cpu_build.py) compiles the source below on first use, once per Python
 environment, and checks it against the reference on small odd shapes. If it does not compile or
@@ -289,6 +291,15 @@ void state_out(const Ssd& s, const float* from, float* S_bh) {
   for (int64_t p = 0; p < s.P; ++p) std::memcpy(S_bh + p * s.N, from + p * s.Np(), s.N * sizeof(float));
 }
 
+// a row of n floats into `to`: stored, or added to what is there
+void rows_out(const float* from, int64_t n, bool add, float* to) {
+  if (!add) {
+    std::memcpy(to, from, n * sizeof(float));
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) to[i] += from[i];
+}
+
 // outputs are passed in, each contiguous and of the shape its comment gives
 void check_out(const at::Tensor& out, at::IntArrayRef shape, const char* name) {
   TORCH_CHECK(out.scalar_type() == at::kFloat && out.is_contiguous() && out.sizes() == shape, name,
@@ -463,49 +474,42 @@ void ssd_backward(at::Tensor x, at::Tensor dt, at::Tensor A, at::Tensor Bm, at::
     GroupChunk gc(s);
     HeadChunk hc(s);
     HeadBack back(s);
-    // states as [Pp, Np] (S's own layout): each head's state entering each chunk, and each head's dS
-    Lines starts(R * (chunks + 1) * block), dS(R * block), uw(L * Pp), dBg(L * Np), dCg(L * Np);
-    std::vector<float> dA(R), dD(R);
+    // one head's state entering each chunk and its dS, as [Pp, Np] (S's own layout)
+    Lines starts((chunks + 1) * block), dS(block), uw(L * Pp), dBg(L * Np), dCg(L * Np);
     for (int64_t bg = begin; bg < end; ++bg) {
       const int64_t b = bg / s.groups, g = bg % s.groups;
-      auto start_of = [&](int64_t r, int64_t c) { return starts.data() + (r * (chunks + 1) + c) * block; };
-      for (int64_t r = 0; r < R; ++r) state_in(s, S0_p + (b * s.heads + g * R + r) * PN, start_of(r, 0));
-      for (int64_t c = 0; c < chunks; ++c) {  // S = g_L S + sum_s (w_s u_s) B_s^T
-        gc.fill(s, Bv, Cv, b, g, c * L, false);
-        for (int64_t r = 0; r < R; ++r) {
-          const int64_t h = g * R + r;
+      // the group's heads in order, each walking all its chunks: a thread's scratch holds one head's
+      // states, and dB and dC gain the heads' parts in the same order each run
+      for (int64_t r = 0; r < R; ++r) {
+        const int64_t h = g * R + r, bh = b * s.heads + h;
+        auto start_of = [&](int64_t c) { return starts.data() + c * block; };
+        state_in(s, S0_p + bh * PN, start_of(0));
+        for (int64_t c = 0; c < chunks; ++c) {  // S = g_L S + sum_s (w_s u_s) B_s^T
+          gc.fill(s, Bv, Cv, b, g, c * L, false);
           hc.fill(s, xv, dtv, A_p[h], b, h, c * L);
           const Decays d(hc.a);
           scaled_rows(hc.u.data(), d.w(), Pp, uw.data());
-          gemm(start_of(r, c + 1), Np, start_of(r, c), d.whole(), uw.data(), 1, Pp, gc.Bs.data(), Np, Pp, Np, L);
+          gemm(start_of(c + 1), Np, start_of(c), d.whole(), uw.data(), 1, Pp, gc.Bs.data(), Np, Pp, Np, L);
         }
-      }
-      for (int64_t r = 0; r < R; ++r) {
-        state_in(s, dlast_p + (b * s.heads + g * R + r) * PN, dS.data() + r * block);
-        dA[r] = dD[r] = 0.0f;
-      }
-      for (int64_t c = chunks - 1; c >= 0; --c) {
-        const int64_t t0 = c * L;
-        gc.fill(s, Bv, Cv, b, g, t0, true);
-        std::fill(dBg.data(), dBg.data() + L * Np, 0.0f);
-        std::fill(dCg.data(), dCg.data() + L * Np, 0.0f);
-        for (int64_t r = 0; r < R; ++r) {  // the group's heads in order, so dB and dC add up the same each run
-          const int64_t h = g * R + r;
+        state_in(s, dlast_p + bh * PN, dS.data());
+        float dA = 0.0f, dD = 0.0f;
+        for (int64_t c = chunks - 1; c >= 0; --c) {
+          const int64_t t0 = c * L;
+          gc.fill(s, Bv, Cv, b, g, t0, true);
           hc.fill(s, xv, dtv, A_p[h], b, h, t0);
-          back.chunk(s, gc, hc, dyv, A_p[h], D_p[h], b, h, t0, start_of(r, c), dS.data() + r * block, dBg.data(),
-                     dCg.data(), dx_p, ddt_p, dA[r], dD[r]);
+          std::fill(dBg.data(), dBg.data() + L * Np, 0.0f);
+          std::fill(dCg.data(), dCg.data() + L * Np, 0.0f);
+          back.chunk(s, gc, hc, dyv, A_p[h], D_p[h], b, h, t0, start_of(c), dS.data(), dBg.data(), dCg.data(), dx_p,
+                     ddt_p, dA, dD);
+          for (int64_t k = 0; k < L && t0 + k < s.steps; ++k) {
+            const int64_t at = ((b * s.steps + t0 + k) * s.groups + g) * s.N;
+            rows_out(dBg.data() + k * Np, s.N, r > 0, dB_p + at);
+            rows_out(dCg.data() + k * Np, s.N, r > 0, dC_p + at);
+          }
         }
-        for (int64_t k = 0; k < L && t0 + k < s.steps; ++k) {
-          const int64_t at = ((b * s.steps + t0 + k) * s.groups + g) * s.N;
-          std::memcpy(dB_p + at, dBg.data() + k * Np, s.N * sizeof(float));
-          std::memcpy(dC_p + at, dCg.data() + k * Np, s.N * sizeof(float));
-        }
-      }
-      for (int64_t r = 0; r < R; ++r) {
-        const int64_t bh = b * s.heads + g * R + r;
-        state_out(s, dS.data() + r * block, dS0_p + bh * PN);
-        dA_p[bh] = dA[r];
-        dD_p[bh] = dD[r];
+        state_out(s, dS.data(), dS0_p + bh * PN);
+        dA_p[bh] = dA;
+        dD_p[bh] = dD;
       }
     }
   });
