@@ -24,6 +24,7 @@ import pytest
 from rich.console import Console
 
 import archsearch as A
+from archsearch.execute.driver import POINTS_EVERY_S
 from archsearch.execute.progress import TrialProgress
 from tests.conftest import TINY_SPACE, tiny_study_text
 
@@ -529,9 +530,15 @@ def test_a_driver_killed_at_several_points_ends_as_an_uninterrupted_run(embedded
     finished; each `resume` picks up, and the store ends with the trials and
     curves of a run never interrupted. Off a terminal the output is one line
     per finished trial plus heartbeats."""
-    path = write_study(tmp_path, corpus, steps=120, eval_every=20)
+    # A trial long enough (about 2 s on 2 idle cores) that its points reach the store while it
+    # runs: they are written at most POINTS_EVERY_S late, and a shorter trial (120 steps took
+    # 0.5 s) can end before any is written, so resume finished before the mid-trial kill point.
+    path = write_study(tmp_path, corpus, steps=600, eval_every=100)
     reference = tmp_path / "reference.duckdb"
     A.run_study(A.load_study(path), store=reference, show_progress=False)
+    with A.open_store(reference, read_only=True) as db:
+        trial_s = min(r["wall_time_s"] for r in db.trials().to_pylist())
+    assert trial_s > 1.5 * POINTS_EVERY_S, f"trials of {trial_s:.2f} s are too short to kill mid-trial: raise steps"
     store = tmp_path / "killed.duckdb"
     env = dict(os.environ, ARCHSEARCH_HEARTBEAT_S="0.5")
 
