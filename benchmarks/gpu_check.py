@@ -256,13 +256,14 @@ def main() -> None:
                       f"({time.perf_counter() - took:.0f} s) {row.get('error', '')}", flush=True)
                 save()
     if "timings" not in skip:
-        rows = Path(tempfile.mkdtemp()) / "rows.json"
         smoke = ["--device", "cpu", "--dtype", "float32", "--batch", "1", "--seq-len", "8", "--d-model", "16",
                  "--vocab", "50", "--repeats", "1"] if args.dry_run else []
-        done = subprocess.run([sys.executable, str(HERE / "bench_kernels_gpu.py"), *smoke, "--json", str(rows)],
-                              capture_output=True, text=True)
-        summary["timings"] = {"returncode": done.returncode, "output_tail": (done.stdout + done.stderr)[-2000:],
-                              "rows": json.loads(rows.read_text())["rows"] if rows.exists() else []}
+        with tempfile.TemporaryDirectory(prefix="gpu_check_timings_") as folder:
+            rows = Path(folder) / "rows.json"
+            done = subprocess.run([sys.executable, str(HERE / "bench_kernels_gpu.py"), *smoke, "--json", str(rows)],
+                                  capture_output=True, text=True)
+            summary["timings"] = {"returncode": done.returncode, "output_tail": (done.stdout + done.stderr)[-2000:],
+                                  "rows": json.loads(rows.read_text())["rows"] if rows.exists() else []}
         print(done.stdout + (done.stderr[-1500:] if done.returncode else ""), end="", flush=True)
         save()
     if "study" not in skip:
