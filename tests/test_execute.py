@@ -530,9 +530,9 @@ def test_a_driver_killed_at_several_points_ends_as_an_uninterrupted_run(embedded
     finished; each `resume` picks up, and the store ends with the trials and
     curves of a run never interrupted. Off a terminal the output is one line
     per finished trial plus heartbeats."""
-    # A trial long enough (about 2 s on 2 idle cores) that its points reach the store while it
-    # runs: they are written at most POINTS_EVERY_S late, and a shorter trial (120 steps took
-    # 0.5 s) can end before any is written, so resume finished before the mid-trial kill point.
+    # Trials long enough (2.7-3.0 s each on 2 cores) that their points reach the store while they
+    # run: points are written at most POINTS_EVERY_S late, so a trial shorter than that can end
+    # before any is written and leave no mid-trial moment to kill at.
     path = write_study(tmp_path, corpus, steps=600, eval_every=100)
     reference = tmp_path / "reference.duckdb"
     A.run_study(A.load_study(path), store=reference, show_progress=False)
