@@ -49,8 +49,8 @@ PRELUDE = r"""
 #include <cstdint>
 #include <cstring>
 #include <vector>
-#if defined(__AVX512F__)
-#include <immintrin.h>  // the scans' AVX-512 shuffles
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>  // the scans' AVX-512 and AVX2 shuffles
 #endif
 
 namespace archsearch_cpu {

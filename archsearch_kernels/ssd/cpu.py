@@ -61,20 +61,27 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
-from ..cpu_build import Extension, compare_scans
+from ..cpu_build import Extension, capability, compare_scans
 
-# steps a chunk: the C++ source's L, one vector of 16 floats (its tiles and transposes assume it)
-CHUNK = 16
+# steps a chunk: the C++ source's L, one vector of floats (16 with AVX-512, else 8; its tiles and
+# transposes assume it)
+CHUNK = 16 if capability() == "AVX512" else 8
 
 SOURCE = r"""
 namespace {
 
 using archsearch_cpu::Lines;
 
-constexpr int64_t W = 16;  // floats in a vector
-constexpr int64_t L = 16;  // steps in a chunk: one vector of them
-static_assert(L == W, "the [L, L] tiles and every product over a chunk's steps take its steps as one vector");
-typedef float vec __attribute__((vector_size(64)));
+// floats in a vector: a register's on AVX-512, on AVX2 (and the baseline) a 32-byte one, because a vector
+// type wider than the registers is lowered through the stack and runs several times slower
+#if defined(__AVX512F__)
+#define SSD_W 16
+#else
+#define SSD_W 8
+#endif
+constexpr int64_t W = SSD_W;
+constexpr int64_t L = W;  // steps in a chunk: one vector of them
+typedef float vec __attribute__((vector_size(4 * SSD_W)));
 
 inline vec load(const float* p) { vec v; std::memcpy(&v, p, sizeof v); return v; }
 inline void store(float* p, vec v) { std::memcpy(p, &v, sizeof v); }
@@ -123,18 +130,27 @@ inline void tile_rows(float* out, int64_t out_row, const float* from, float scal
                b_row, depth);
 }
 
-// out [rows, width] = scale from + A [rows, depth] Bm [depth, width], width a whole number of vectors.
-// Four rows by four vectors a tile, or sixteen rows of one vector (best with A read down its columns, a_row 1)
+// the register tiles, sized so that accumulators and operands fit the ISA's vector registers: on AVX-512
+// (32 registers) four rows by four vectors, or sixteen rows of one vector (best with A read down its
+// columns, a_row 1); on AVX2 (16) four rows by two vectors, or eight rows of one
+#if defined(__AVX512F__)
+constexpr int WIDE_ROWS = 4, WIDE_VECTORS = 4, NARROW_ROWS = 16;
+#else
+constexpr int WIDE_ROWS = 4, WIDE_VECTORS = 2, NARROW_ROWS = 8;
+#endif
+
+// out [rows, width] = scale from + A [rows, depth] Bm [depth, width], width a whole number of vectors
 void gemm(float* out, int64_t out_row, const float* from, float scale, const float* a, int64_t a_row, int64_t a_col,
           const float* b, int64_t b_row, int64_t rows, int64_t width, int64_t depth) {
   int64_t c = 0;
-  for (; c + 4 * W <= width; c += 4 * W)
-    tile_rows<4, 4>(out, out_row, from, scale, a, a_row, a_col, b, b_row, depth, rows, c);
-  for (; c < width; c += W) tile_rows<16, 1>(out, out_row, from, scale, a, a_row, a_col, b, b_row, depth, rows, c);
+  for (; c + WIDE_VECTORS * W <= width; c += WIDE_VECTORS * W)
+    tile_rows<WIDE_ROWS, WIDE_VECTORS>(out, out_row, from, scale, a, a_row, a_col, b, b_row, depth, rows, c);
+  for (; c < width; c += W)
+    tile_rows<NARROW_ROWS, 1>(out, out_row, from, scale, a, a_row, a_col, b, b_row, depth, rows, c);
 }
 
-// a 16 x 16 block: to[c to_row + r] = from[r from_row + c]
-inline void transpose16(const float* from, int64_t from_row, float* to, int64_t to_row) {
+// a W x W block: to[c to_row + r] = from[r from_row + c]
+inline void transpose_block(const float* from, int64_t from_row, float* to, int64_t to_row) {
 #if defined(__AVX512F__)
   __m512 r[16], t[16];
   for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(from + i * from_row);
@@ -158,16 +174,33 @@ inline void transpose16(const float* from, int64_t from_row, float* to, int64_t 
     _mm512_storeu_ps(to + (4 + j) * to_row, _mm512_shuffle_f32x4(odd_lo, odd_hi, 0x88));
     _mm512_storeu_ps(to + (12 + j) * to_row, _mm512_shuffle_f32x4(odd_lo, odd_hi, 0xDD));
   }
+#elif defined(__AVX2__)
+  __m256 r[8], t[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(from + i * from_row);
+  for (int i = 0; i < 4; ++i) {  // per 128-bit half k: a[4k], b[4k], a[4k+1], b[4k+1] and the same of 4k+2, 4k+3
+    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int g = 0; g < 2; ++g) {  // r[4g + j], half k: column 4k + j of rows 4g .. 4g + 3
+    r[4 * g] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
+    r[4 * g + 1] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], 0xEE);
+    r[4 * g + 2] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
+    r[4 * g + 3] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xEE);
+  }
+  for (int j = 0; j < 4; ++j) {  // column j: the low halves of r[j] and r[4 + j]; column 4 + j: the high ones
+    _mm256_storeu_ps(to + j * to_row, _mm256_permute2f128_ps(r[j], r[4 + j], 0x20));
+    _mm256_storeu_ps(to + (4 + j) * to_row, _mm256_permute2f128_ps(r[j], r[4 + j], 0x31));
+  }
 #else
-  for (int64_t r = 0; r < 16; ++r)
-    for (int64_t c = 0; c < 16; ++c) to[c * to_row + r] = from[r * from_row + c];
+  for (int64_t r = 0; r < W; ++r)
+    for (int64_t c = 0; c < W; ++c) to[c * to_row + r] = from[r * from_row + c];
 #endif
 }
 
 // from [rows, cols] -> to [cols, rows], both whole numbers of vectors
 void transpose(const float* from, int64_t rows, int64_t cols, float* to) {
   for (int64_t r = 0; r < rows; r += W)
-    for (int64_t c = 0; c < cols; c += W) transpose16(from + r * cols + c, cols, to + c * rows + r, rows);
+    for (int64_t c = 0; c < cols; c += W) transpose_block(from + r * cols + c, cols, to + c * rows + r, rows);
 }
 
 struct View {  // a float tensor's elements by (batch, time, head or group); its last dim is contiguous
@@ -360,7 +393,7 @@ struct HeadBack {
     // du_s = sum_l M[l][s] dy_l + w_s dS B_s
     gemm(du.data(), Pp, du.data(), 0.0f, M.data(), 1, L, gy.data(), Pp, L, Pp, L);
     gemm(dSBT.data(), L, dSBT.data(), 0.0f, dS, Np, 1, gc.BT.data(), L, Pp, W, Np);
-    for (int64_t p = 0; p < Pp; p += W) transpose16(dSBT.data() + p * L, L, dSB.data() + p, Pp);
+    for (int64_t p = 0; p < Pp; p += W) transpose_block(dSBT.data() + p * L, L, dSB.data() + p, Pp);
     for (int64_t l = 0; l < L; ++l)
       for (int64_t p = 0; p < Pp; p += W)
         store(du.data() + l * Pp + p, load(du.data() + l * Pp + p) + d.w()[l] * load(dSB.data() + l * Pp + p));

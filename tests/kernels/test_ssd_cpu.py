@@ -37,14 +37,15 @@ def assert_matches_naive(inputs):
     assert_same_outputs_and_grads(lambda **kw: run(ssd_naive, kw), lambda **kw: run(cpu.ssd_cpu, kw), inputs, ATOL)
 
 
-# the kernel's products take four vectors of 16 columns at once, then one: P 19 is a vector and a
-# part of one, N 67 four vectors, one of a part and padding; P 64, N 128 is Mamba-2's default head
-WIDE = [pytest.param(Shape(2, cpu.CHUNK + 3, 4, 19, 2, 67, 0), id="T19-a-chunk-and-a-part-P19-N67"),
-        pytest.param(Shape(1, 2 * cpu.CHUNK + 1, 2, 64, 1, 128, 0), id="T33-P64-N128")]
+# the kernel's products take several vectors at once (four of 16 floats with AVX-512, two of 8 with
+# AVX2), then one: P 19 is a vector and a part of one, N 67 several vectors, one of a part and padding;
+# P 64, N 128 is Mamba-2's default head
+WIDE = [pytest.param(Shape(2, cpu.CHUNK + 3, 4, 19, 2, 67, 0), id="a-chunk-and-a-part-P19-N67"),
+        pytest.param(Shape(1, 2 * cpu.CHUNK + 1, 2, 64, 1, 128, 0), id="two-chunks-and-a-step-P64-N128")]
 
 
 @pytest.mark.parametrize("shape", [*SHAPES, *WIDE, pytest.param(Shape(2, 2 * cpu.CHUNK + 5, 4, 9, 2, 7, 0),
-                                                                id="T37-three-chunks-ragged-H4-G2-P9-N7")])
+                                                                id="three-chunks-ragged-H4-G2-P9-N7")])
 def test_matches_naive_forward_state_and_every_gradient(shape, monkeypatch):
     """Every output buffer the kernel allocates starts as NaN: an element it does not write fails."""
     inputs = make_inputs(shape)
