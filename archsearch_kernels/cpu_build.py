@@ -2,8 +2,8 @@
 
 An op's ``cpu.py`` holds its C++ source and registers it with an `Extension` (`add`); the
 extension compiles every registered part into one module the first time any of its ops is
-needed, so ops that are used together pay for one compile: RMSNorm, SwiGLU, the rotary heads
-and the short causal conv share `ELEMENTWISE` (about 20 s on a 2-core machine, once), the
+needed, so ops that are used together pay for one compile: RMSNorm, SwiGLU, the rotary heads,
+the short causal conv and the step sizes' softplus share `ELEMENTWISE` (about 20 s on a 2-core machine, once), the
 selective scan and Mamba-2's SSD scan have their own (selective_scan/cpu.py, ssd/cpu.py).
 
 Compiling goes through torch.utils.cpp_extension.load_inline (g++ and ninja) into torch's
@@ -264,7 +264,7 @@ def build_all(*, only: list[str] | None = None) -> dict[str, str | None]:
     return outcome
 
 
-# the elementwise kernels (RMSNorm, SwiGLU, rotary heads, causal conv): one compile for all
+# the elementwise kernels (RMSNorm, SwiGLU, rotary heads, causal conv, softplus): one compile for all
 ELEMENTWISE = Extension("elementwise")
 
 __all__ = ["ELEMENTWISE", "Extension", "PRELUDE", "build_all", "capability", "compare"]

@@ -35,12 +35,12 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 # every C++ extension, by what its ops are (for the lines that announce a build)
-EXTENSIONS = {"elementwise": "RMSNorm, SwiGLU, rotary heads, causal conv", "selective_scan": "Mamba's scan",
+EXTENSIONS = {"elementwise": "RMSNorm, SwiGLU, rotary heads, causal conv, softplus", "selective_scan": "Mamba's scan",
               "ssd": "Mamba-2's SSD scan", "gated_delta": "Gated DeltaNet's delta rule"}
 # the op folders whose cpu.py each extension compiles: a build's name digests these and cpu_build.py
 # alone, so editing one op's file rebuilds its own extension only (tests/test_cpu_builds.py holds this
 # to what each cpu.py registers)
-SOURCES = {"elementwise": ("causal_conv", "rmsnorm", "rope", "swiglu"), "selective_scan": ("selective_scan",),
+SOURCES = {"elementwise": ("causal_conv", "rmsnorm", "rope", "softplus", "swiglu"), "selective_scan": ("selective_scan",),
            "ssd": ("ssd",), "gated_delta": ("gated_delta",)}
 # each extension's expected build time where none was measured here yet (2 idle cores, seconds)
 FIRST_GUESS_S = {"elementwise": 40, "selective_scan": 40, "ssd": 40, "gated_delta": 40}

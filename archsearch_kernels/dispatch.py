@@ -6,7 +6,8 @@ One setting, the environment variable ``ARCHSEARCH_KERNELS``:
                for the ops in `SLOWER_ON_GPU` (measured slower than their PyTorch path); on CPU
                tensors the C++ kernel of an op that has one (`CPU_KERNELS`: the selective
                scan, the SSD scan, the gated delta rule, RMSNorm, SwiGLU, the rotary q, k, v
-               heads and the short causal conv, each ``cpu.py``) when it builds here and passes its check, else PyTorch
+               heads, the short causal conv and the step sizes' softplus, each ``cpu.py``) when
+               it builds here and passes its check, else PyTorch
     triton     always Triton (on a CPU only under TRITON_INTERPRET=1, for tests)
     cpp        the C++ kernel on CPU tensors for an op that has one, an error if it does not
                build; everything else as under auto
@@ -58,6 +59,8 @@ from .rope import cpu as rope_heads_cpu_kernel
 from .rope import rope_heads_cpu, rope_heads_naive
 from .selective_scan import cpu as selective_scan_cpu_kernel
 from .selective_scan import selective_scan_chunked, selective_scan_naive, selective_scan_triton
+from .softplus import cpu as softplus_cpu_kernel
+from .softplus import softplus_cpu, softplus_naive
 from .ssd import cpu as ssd_cpu_kernel
 from .ssd import ssd_chunked, ssd_naive, ssd_triton
 from .swiglu import cpu as swiglu_cpu_kernel
@@ -76,10 +79,10 @@ CHUNKED_FROM = 64
 # T 2048, 32 heads of P 64, N 128). ARCHSEARCH_KERNELS=triton still runs it.
 SLOWER_ON_GPU = frozenset({"ssd"})
 # ops with a compiled C++ path for CPU tensors: op -> its module (available(), the op itself);
-# rope_heads and causal_conv1d have no Triton kernel (on CUDA their references run)
+# rope_heads, causal_conv1d and softplus have no Triton kernel (on CUDA their references run)
 CPU_KERNELS = {"selective_scan": selective_scan_cpu_kernel, "rms_norm": rms_norm_cpu_kernel,
                "swiglu": swiglu_cpu_kernel, "rope_heads": rope_heads_cpu_kernel,
-               "causal_conv1d": causal_conv1d_cpu_kernel, "ssd": ssd_cpu_kernel,
+               "causal_conv1d": causal_conv1d_cpu_kernel, "softplus": softplus_cpu_kernel, "ssd": ssd_cpu_kernel,
                "gated_delta_rule": gated_delta_cpu_kernel}
 MODE_VAR, DISABLE_VAR = "ARCHSEARCH_KERNELS", "ARCHSEARCH_KERNELS_DISABLE"
 
@@ -185,6 +188,13 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     if _cpp_takes("causal_conv1d", x, weight, *([bias] if bias is not None else [])):
         return causal_conv1d_cpu(x, weight, bias, silu)
     return causal_conv1d_naive(x, weight, bias, silu)
+
+
+def softplus(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """A step size from its pre-activation, softplus(x + bias): x [..., C], bias [C] -> [..., C] fp32."""
+    if _cpp_takes("softplus", x, bias):
+        return softplus_cpu(x, bias)
+    return softplus_naive(x, bias)
 
 
 def selective_scan(*args, **kwargs):
@@ -326,4 +336,4 @@ def preflight(ops: Iterable[str], device: torch.device | str) -> dict[str, str]:
 
 __all__ = ["CHUNKED_FROM", "CPU_KERNELS", "MODES", "OPS", "RMSNorm", "SLOWER_ON_GPU", "check", "disable", "disabled",
            "forced", "causal_conv1d", "gated_delta_rule", "linear_cross_entropy", "mode", "preflight", "rms_norm",
-           "rope_heads", "selective_scan", "ssd", "swiglu", "use_cpp", "use_triton"]
+           "rope_heads", "selective_scan", "softplus", "ssd", "swiglu", "use_cpp", "use_triton"]

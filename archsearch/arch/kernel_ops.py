@@ -13,7 +13,7 @@ from archsearch.arch.spec import ArchSpec
 def kernels_used(specs: Iterable[ArchSpec]) -> list[str]:
     """The dispatched ops these models run: RMSNorm and the fused loss always, SwiGLU, the
     rotary q, k, v heads of (gated) attention, the short causal conv of the recurrent mixers,
-    the selective scan, the gated delta rule (both
+    the softplus of their step sizes, the selective scan, the gated delta rule (both
     its kernels: which one runs depends on the sequence length) and the SSD scan where a layer
     has them."""
     ops = {"rms_norm", "linear_cross_entropy"}
@@ -24,7 +24,7 @@ def kernels_used(specs: Iterable[ArchSpec]) -> list[str]:
             if layer.mixer in ("attention", "gated_attention"):
                 ops.add("rope_heads")
             if layer.mixer in ("mamba", "mamba2", "gated_deltanet"):
-                ops.add("causal_conv1d")
+                ops.update(("causal_conv1d", "softplus"))
             if layer.mixer == "mamba":
                 ops.add("selective_scan")
             if layer.mixer == "gated_deltanet":

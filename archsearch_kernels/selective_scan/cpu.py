@@ -40,7 +40,7 @@ backward take 0.56x the CPU time at B 8, E 224, T 256, N 16, 0.44x at B 2, E 256
 The skip D u and the gate silu(z) are taken at each step's readout, y_t = (<h_t, C_t> + D u_t)
 silu(z_t), and differentiated in the walk back (the readouts <h_t, C_t> are kept from the rerun),
 which saves the [B, E, T] elementwise passes around the kernel and autograd's for them. Delta's
-bias and softplus stay in PyTorch before it.
+bias and softplus run before it, in one pass of their own (softplus/cpu.py).
 
 Building: `SCAN` (archsearch_kernels/cpu_build.py) compiles the source below on first use (about a minute),
 once per machine, and checks it against the reference on small odd shapes. If it does not

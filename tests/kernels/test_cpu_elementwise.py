@@ -1,5 +1,5 @@
 """The elementwise C++ CPU kernels (RMSNorm, SwiGLU, the rotary q, k, v heads, the short causal
-conv): equal to their references, forward and every gradient, over explicit shapes; taken by
+conv, the step sizes' softplus): equal to their references, forward and every gradient, over explicit shapes; taken by
 dispatch on float32 CPU tensors, the PyTorch path elsewhere; not used when they fail to build
 or to agree.
 
@@ -22,6 +22,7 @@ from archsearch_kernels.rmsnorm import cpu as rms_cpu
 from archsearch_kernels.rmsnorm import rms_norm_naive
 from archsearch_kernels.rope import cpu as rope_cpu
 from archsearch_kernels.rope import rope_heads_naive, rope_tables
+from archsearch_kernels.softplus import softplus_cpu, softplus_naive
 from archsearch_kernels.swiglu import cpu as swiglu_cpu
 from archsearch_kernels.swiglu import swiglu_naive
 from archsearch_kernels.swiglu.layout import halves_of
@@ -39,7 +40,7 @@ ATOL = 1e-5
 def built():
     """The kernels, built (or loaded from the cache) once; a failure, not a skip, when a
     compiler exists and a build or a self-check fails."""
-    for op in ("rms_norm", "swiglu", "rope_heads", "causal_conv1d"):
+    for op in ("rms_norm", "swiglu", "rope_heads", "causal_conv1d", "softplus"):
         if not cpu_build.ELEMENTWISE.available(op):
             if shutil.which("c++") or shutil.which("g++"):
                 pytest.fail(f"the C++ {op} did not build although a compiler exists: "
@@ -225,6 +226,57 @@ def test_causal_conv_is_causal():
     assert torch.equal(y[:, :7], y_changed[:, :7]) and not torch.equal(y[:, 7], y_changed[:, 7])
 
 
+SOFTPLUS_SHAPES = [((3, 5), 7), ((2, 70), 224), ((1,), 1), ((4, 33), 4)]
+
+
+@pytest.mark.parametrize("lead, width", SOFTPLUS_SHAPES, ids=[f"{lead}x{w}" for lead, w in SOFTPLUS_SHAPES])
+def test_softplus_matches_the_reference_forward_and_both_gradients(lead, width):
+    """x as the last columns of a wider projection (Mamba-2's dt): rows with a stride."""
+    inputs = [torch.randn(*lead, width + 5) * 6, torch.randn(width)]
+
+    def step_size(fn):
+        return lambda wide, bias: fn(wide[..., 5:], bias)
+
+    assert_all_close(["y", "dx", "dbias"], outputs_and_grads(step_size(softplus_naive), inputs),
+                     outputs_and_grads(step_size(softplus_cpu), inputs))
+
+
+def test_softplus_holds_to_float_rounding_over_the_whole_range():
+    """Relative error of a few float roundings from -87 (softplus = exp(-87), about 1.4 times
+    the smallest normal float, where log1p must not lose the value) through 0 to the threshold
+    at 20 and past it, for softplus and its gradient (sigmoid); below -87, where the kernel's
+    exp flushes to 0, both are within a normal float's smallest step of the truth."""
+    x = torch.cat([torch.linspace(-100, 100, 20001), torch.tensor([-87.0, -20.0, 0.0, 19.999, 20.0, 20.001])])
+    x64 = x.double().requires_grad_()
+    want = torch.nn.functional.softplus(x64)
+    (want_grad,) = torch.autograd.grad(want.sum(), x64)
+    leaf = x.clone().requires_grad_()
+    got = softplus_cpu(leaf, torch.zeros(x.shape))
+    (got_grad,) = torch.autograd.grad(got.sum(), leaf)
+    tiny = torch.finfo(torch.float32).tiny
+    for name, g, w in (("softplus", got, want.detach()), ("sigmoid", got_grad, want_grad)):
+        error = (g.double() - w).abs()
+        normal = x >= -87.0
+        assert (error[normal] / w[normal]).max().item() < 4e-7, name
+        assert error[~normal].max().item() < 2 * tiny, name
+
+
+@pytest.mark.parametrize("mixer", ["mamba", "gated_deltanet", "mamba2"])
+def test_step_sizes_take_the_softplus_kernel_and_match_the_reference_path(mixer, monkeypatch):
+    """A layer's output and every gradient under auto (the C++ softplus ran, counted) equal
+    the reference path's."""
+    layer = LayerSpec(mixer=mixer, mlp="none", mlp_width=0, options={"d_state": 4} if mixer == "mamba" else {})
+    model = build_model(ArchSpec(family="tiny", vocab_size=50, d_model=32, num_heads=2, layers=(layer, layer)))
+    tokens = torch.randint(0, 50, (2, 19))
+    batch = Batch(inputs=tokens[:, :-1], targets=tokens[:, 1:])
+    calls = []
+    real = dispatch.softplus_cpu
+    monkeypatch.setattr(dispatch, "softplus_cpu", lambda *a, **k: calls.append(1) or real(*a, **k))
+    results = loss_and_grads_each_way(model, batch, monkeypatch)
+    assert len(calls) == 2  # both layers, under auto only
+    assert_same_loss_and_grads(results)
+
+
 @pytest.mark.parametrize("mixer", ["mamba", "gated_deltanet", "mamba2"])
 def test_recurrent_mixers_take_the_causal_conv_kernel_and_match_the_reference_path(mixer, monkeypatch):
     """A layer's output and every gradient under auto (the C++ conv ran, counted) equal the
@@ -317,7 +369,8 @@ def test_a_failed_build_turns_every_op_of_the_extension_off_with_one_warning_eac
     monkeypatch.setattr(extension, "_compile", broken)
     with pytest.warns(RuntimeWarning) as caught:
         assert not dispatch.use_cpp("rms_norm", "cpu")
-    assert sorted(str(w.message).split(":")[0] for w in caught) == ["causal_conv1d", "rms_norm", "rope_heads", "swiglu"]
+    assert sorted(str(w.message).split(":")[0] for w in caught) == ["causal_conv1d", "rms_norm", "rope_heads", "softplus",
+                                                                    "swiglu"]
     assert all("killed" in str(w.message) and "falling back" in str(w.message) for w in caught)
     x = torch.randn(2, 3, 8)
     with warnings.catch_warnings():

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from archsearch_kernels.dispatch import RMSNorm, gated_delta_rule, swiglu
+from archsearch_kernels.dispatch import RMSNorm, gated_delta_rule, softplus, swiglu
 from archsearch_kernels.gated_delta import gated_delta_rule_naive
 from torch import nn
 
@@ -89,5 +89,5 @@ class GatedDeltaNet(nn.Module):
     def gates(self, x_BTD: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Log decay g [B, T, H] (<= 0, so alpha = exp(g) is in (0, 1]) and write strength beta [B, T, H]."""
         a_BTH, b_BTH = self.ab_proj(x_BTD).float().chunk(2, dim=-1)
-        g_BTH = -self.A_log.float().exp() * F.softplus(a_BTH + self.dt_bias.float())
+        g_BTH = -self.A_log.float().exp() * softplus(a_BTH, self.dt_bias)
         return g_BTH, torch.sigmoid(b_BTH)

@@ -26,8 +26,7 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
-from archsearch_kernels.dispatch import causal_conv1d, selective_scan
+from archsearch_kernels.dispatch import causal_conv1d, selective_scan, softplus
 from archsearch_kernels.selective_scan import selective_scan_naive
 from torch import nn
 
@@ -93,7 +92,7 @@ class Mamba(nn.Module):
         x_BTE, z_BTE = self.in_proj(x_BTD).chunk(2, dim=-1)
         u_BTE = self.causal_conv(x_BTE, skip_BT, silu=True)
         dt_BTR, B_BTN, C_BTN = self.x_proj(u_BTE).split([s.dt_rank, s.state, s.state], dim=-1)
-        delta_BTE = F.softplus(self.dt_proj(dt_BTR).float() + self.dt_bias.float())
+        delta_BTE = softplus(self.dt_proj(dt_BTR), self.dt_bias)
         if skip_BT is not None:
             delta_BTE = delta_BTE.masked_fill(skip_BT[..., None], 0.0)
         A_EN = -torch.exp(self.A_log.float())

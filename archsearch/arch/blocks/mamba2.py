@@ -37,7 +37,7 @@ import functools
 
 import torch
 import torch.nn.functional as F
-from archsearch_kernels.dispatch import rms_norm, ssd, swiglu
+from archsearch_kernels.dispatch import rms_norm, softplus, ssd, swiglu
 from archsearch_kernels.ssd import ssd_naive
 from torch import nn
 
@@ -95,7 +95,7 @@ class Mamba2(nn.Module):
         E, G, N = s.inner, s.groups, s.state
         z_BTE, xBC_BTX, dt_BTH = self.in_proj(x_BTD).split([E, s.conv_channels, s.heads], dim=-1)
         x_BTE, B_BTX, C_BTX = causal_conv(self.conv, xBC_BTX, skip_BT, silu=True).split([E, G * N, G * N], dim=-1)
-        dt_BTH = F.softplus(dt_BTH.float() + self.dt_bias.float())
+        dt_BTH = softplus(dt_BTH, self.dt_bias)
         if skip_BT is not None:
             dt_BTH = dt_BTH.masked_fill(skip_BT[..., None], 0.0)
         A_H = -torch.exp(self.A_log.float())

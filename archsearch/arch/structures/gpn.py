@@ -34,6 +34,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+from archsearch_kernels.dispatch import softplus
 from torch import nn
 
 from archsearch.arch.blocks import swiglu
@@ -93,7 +94,7 @@ class MemoryWrite(nn.Module):
         v_flat, beta_BH, a_BH = self.value_beta_decay(self.norm(now_BD)).float().split([H * W, H, H], dim=-1)
         v_BHW = v_flat.view(B, H, W)
         beta_BH = torch.sigmoid(beta_BH)
-        decay_BH = torch.exp(-self.A_log.float().exp() * F.softplus(a_BH + self.dt_bias.float()))
+        decay_BH = torch.exp(-self.A_log.float().exp() * softplus(a_BH, self.dt_bias))
         recalled_BHW = torch.einsum("bhkw,bhk->bhw", M_BHKW, k_BHK)
         written_BHKW = k_BHK[..., None] * (beta_BH[..., None] * (v_BHW - recalled_BHW))[:, :, None, :]
         return decay_BH[..., None, None] * M_BHKW + written_BHKW
