@@ -16,6 +16,8 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +25,7 @@ import pytest
 import archsearch as A
 from archsearch.errors import StoreError, StoreFullError
 from archsearch.store import RunLock, run_alive
+from archsearch.store.runlock import lock_paths
 from tests.analysis_support import write_store
 from tests.test_hostile_files import assert_one_clean_line, run_limited
 from tests.test_store import trial_row
@@ -96,6 +99,49 @@ def test_readers_through_another_name_see_live_trials_as_running(kind, tmp_path)
             assert reader.studies().to_pylist()[0]["running"] == 1
     with A.open_store(other, read_only=True) as reader:  # the run is gone: what it left is interrupted
         assert reader.trials("s").column("status").to_pylist() == ["interrupted"]
+
+
+def test_a_run_leaves_no_lock_file_in_the_machines_temporary_folder(tmp_path):
+    """The inode-keyed lock lives while the run does; the run removes it as it ends."""
+    store = tmp_path / "s.duckdb"
+    with A.open_store(store) as db:
+        db.add_study(name="s", path="s.yaml", config={})
+    shared = lock_paths(store)[1]
+    with RunLock(store, study="s"):
+        assert shared.is_file() and run_alive(store)
+    assert not shared.exists() and not run_alive(store)
+
+
+def test_a_run_that_waited_on_a_removed_lock_file_takes_the_one_its_name_leads_to(tmp_path):
+    """A run through a hard link waits on the inode-keyed lock the first run holds; the first
+    run ends and removes that file. The waiting run must hold the lock the name leads to now,
+    so a third run through the store's own name is refused rather than let in beside it."""
+    real = tmp_path / "s.duckdb"
+    with A.open_store(real) as db:
+        db.add_study(name="s", path="s.yaml", config={})
+    hard = names("hardlink", real)
+    first = RunLock(real, study="first").__enter__()
+    holding, done = threading.Event(), threading.Event()
+
+    def second():
+        with RunLock(hard, study="second", wait_s=10):
+            holding.set()
+            done.wait(10)
+
+    waiter = threading.Thread(target=second)
+    waiter.start()
+    time.sleep(0.3)  # the second run has its own name's lock and polls the shared one
+    assert not holding.is_set()
+    first.__exit__(None, None, None)
+    assert holding.wait(10)
+    try:
+        with pytest.raises(StoreError, match=r"being written by another run \(study 'second'"):
+            with RunLock(real, study="third", wait_s=0.1):
+                pass
+    finally:
+        done.set()
+        waiter.join()
+    assert not lock_paths(real)[1].exists()
 
 
 def test_run_through_a_symlink_to_a_busy_store_is_one_line_and_changes_nothing(tiny_study, tmp_path):

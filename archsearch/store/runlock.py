@@ -12,7 +12,10 @@ path (``<real path>.lock``, which also holds who runs) and, once the store
 exists, one keyed by its device and inode in the machine's temporary folder
 (``archsearch-locks/<dev>-<inode>.lock``), which a hard link in another
 folder shares. A run takes both; a reader through any name tests both.
-Torch-free.
+The run removes the shared one when it ends, so the temporary folder does
+not fill with one file per store ever run; a run that took a lock file
+checks that its name still leads to it, and opens the new one if the run
+before removed it meanwhile. Torch-free.
 """
 
 from __future__ import annotations
@@ -89,12 +92,15 @@ class RunLock:
         # wait keeps such a probe from turning a fresh run away.
         self.wait_s = wait_s
         self.fds: list[int] = []
+        self.shared: Path | None = None  # the inode-keyed lock, removed on release
 
     def __enter__(self) -> RunLock:
         deadline = time.monotonic() + self.wait_s
         try:
             for path in lock_paths(self.store):
-                self.fds.append(self._take(_open_lock(path, self.store), deadline))
+                self.fds.append(self._take(path, deadline))
+                if path.parent.name == LOCK_FOLDER:
+                    self.shared = path
         except BaseException:
             self._release()
             raise
@@ -112,11 +118,11 @@ class RunLock:
             raise StoreError(f"cannot write store {self.store}'s lock: {err.strerror}; pass another --store") from None
         return self
 
-    def _take(self, fd: int, deadline: float) -> int:
+    def _take(self, path: Path, deadline: float) -> int:
+        fd = _open_lock(path, self.store)
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return fd
             except BlockingIOError:
                 if time.monotonic() > deadline:
                     holder = _read_holder(fd)
@@ -124,8 +130,18 @@ class RunLock:
                     raise StoreError(f"{self.store} is being written by another run ({holder}); wait for it to "
                                      "finish, or pass another --store") from None
                 time.sleep(0.05)
+                continue
+            if _names(path, fd):
+                return fd
+            # the run that held it removed the file while this one waited: take the one the name leads to now
+            os.close(fd)
+            fd = _open_lock(path, self.store)
 
     def _release(self) -> None:
+        if self.shared is not None:  # removed while still held, so no run can take it in between
+            with suppress(OSError):
+                os.unlink(self.shared)
+            self.shared = None
         for fd in self.fds:
             with suppress(OSError):
                 os.ftruncate(fd, 0)
@@ -153,6 +169,16 @@ def run_alive(store: str | Path) -> bool:
         finally:
             os.close(fd)  # closing drops a shared lock taken above
     return False
+
+
+def _names(path: Path, fd: int) -> bool:
+    """Whether ``path`` still names the file open on ``fd``."""
+    try:
+        named = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return False
+    held = os.fstat(fd)
+    return (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino)
 
 
 def _read_holder(fd: int) -> str:
