@@ -1,11 +1,12 @@
-"""Time the transformer's C++ CPU kernels against the PyTorch paths they replace, on CPU.
+"""Time the elementwise C++ CPU kernels against the PyTorch paths they replace, on CPU.
 
     python benchmarks/bench_cpu_kernels.py                 # the two bench sizes of docs/performance.md
     python benchmarks/bench_cpu_kernels.py --repeats 50 --threads 1
 
 Each op's forward and backward at a training step's shape (B 8, T 256): RMSNorm on [B, T, D],
 SwiGLU on the halves of the fused [B, T, 2F] projection, the rotary q, k, v heads of the fused
-[B, T, 3D] projection. The two paths are timed alternately, median of --repeats after a warm-up,
+[B, T, 3D] projection, and a recurrent mixer's step sizes softplus(x + bias) on [B, T, 2D] (Mamba's
+delta at inner width E = 2D). The two paths are timed alternately, median of --repeats after a warm-up,
 so a slow spell hits both; the last column is PyTorch over C++ from the same run.
 Dimensions: B batch, T time, D model width, H heads, F MLP width.
 """
@@ -22,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from archsearch_kernels.rmsnorm import rms_norm_cpu
 from archsearch_kernels.rope import rope_heads_cpu, rope_heads_naive, rope_tables
+from archsearch_kernels.softplus import softplus_cpu
 from archsearch_kernels.swiglu import swiglu_cpu
 
 # (name, D, H, F): Transformer++ of benchmarks/bench_small.yaml and benchmarks/bench_llama.yaml
@@ -38,6 +40,8 @@ def cases(D: int, H: int, F_: int, batch: int, seq_len: int) -> list[tuple[str, 
     qkv = torch.randn(batch, seq_len, 3 * D, requires_grad=True)
     cos, sin = rope_tables(seq_len, D // H, 10000.0, torch.device("cpu"))
     dheads = [torch.randn(batch, H, seq_len, D // H) for _ in range(3)]
+    steps, bias = torch.randn(batch, seq_len, 2 * D, requires_grad=True), torch.randn(2 * D, requires_grad=True)
+    dsteps = torch.randn(batch, seq_len, 2 * D)
     grad = torch.autograd.grad  # the op's own backward, no accumulation into .grad
     return [
         ("rms_norm", lambda: grad(F.rms_norm(x, (D,), weight, 1e-6), [x, weight], dy),
@@ -46,6 +50,8 @@ def cases(D: int, H: int, F_: int, batch: int, seq_len: int) -> list[tuple[str, 
          lambda: grad(swiglu_cpu(*gate_up.chunk(2, -1)), [gate_up], dh)),
         ("rope_heads", lambda: grad(rope_heads_naive(qkv, H, cos, sin), [qkv], dheads),
          lambda: grad(rope_heads_cpu(qkv, H, cos, sin), [qkv], dheads)),
+        ("softplus", lambda: grad(F.softplus(steps + bias), [steps, bias], dsteps),
+         lambda: grad(softplus_cpu(steps, bias), [steps, bias], dsteps)),
     ]
 
 

@@ -1,8 +1,8 @@
 """Mamba-2 SSD scan, C++ CPU kernel: the chunked form of chunked.py compiled, with its own backward.
 
 Same signature and return as `ssd_naive`; see tests/kernels/test_ssd_cpu.py. Dimensions: B batch,
-T time, H heads, P head dim, G groups (head h reads group h // (H / G)), N state size, L = 16 steps
-a chunk.
+T time, H heads, P head dim, G groups (head h reads group h // (H / G)), N state size, L steps a
+chunk: one vector of floats, 16 with AVX-512 and 8 with AVX2 (`CHUNK`).
 
     a_t = exp(dt_t A);   S_t = a_t S_{t-1} + u_t B_t^T  (u_t = dt_t x_t);   y_t = S_t C_t
 
@@ -18,12 +18,13 @@ so a chunk forward is the scores C_l . B_s ([L, L] by N), the outputs from them 
 [L, P] x N products with the state (readout and write): 2 P N multiply-adds a token in products
 that keep their operands in registers, plus L (P + N). The backward is the same kind of products
 (below), 4 P N a token, plus recomputing the chunks' start states (P N more); the recurrent form
-needed 11 P N. L = 16 steps is one vector, so the [L, L] tiles and every product over steps use
+needed 11 P N. L steps are one vector, so the [L, L] tiles and every product over steps use
 whole vectors. Decays are products of the a_t, never differences of cumulative logs, so a strong
 decay underflows to 0 as the reference's does and a weak one after it is not lost to rounding.
 
 Backward, one head at a time: the head's state entering every chunk is recomputed (one state
-write a chunk, kept in a thread's scratch of T / L + 1 states, 4.2 MB at T 2048 with P 64, N 128),
+write a chunk, kept in a thread's scratch of T / L + 1 states, 4.2 MB at T 2048 with P 64, N 128
+and L 16),
 then its chunks are walked from the last carrying dS, the gradient of the chunk's end state
 (`HeadBack`). With M[l][s] = E[l][s] C_l . B_s and Q[l][s] = E[l][s] dy_l . u_s,
 
@@ -34,12 +35,14 @@ and the gradient of each step's log decay dt_k A collects every product that hol
 l >= k, E[L-1][s] for s < k, the whole chunk's g_L, and E[l][s] for s < k <= l. Then dx = dt du,
 d dt = <du, x> + A d(log a), dA = sum dt d(log a).
 
-Layouts. Every product is `gemm`: tiles of four rows by four vectors, or sixteen rows by one
-vector, accumulating in registers. The forward keeps the state transposed, [N, P], so the readout
+Layouts. Every product is `gemm`: tiles that accumulate in registers, sized to the ISA's (four
+rows by four vectors or sixteen rows by one in AVX-512's 32, four by two or eight by one in
+AVX2's 16). The vector is the registers' width: GCC lowers a wider vector type through the
+stack, which on an AVX2 CPU made the scan several times slower than the PyTorch form. The forward keeps the state transposed, [N, P], so the readout
 and the write both take vectors along P; the backward keeps it [P, N], so dB and dC come out by
 step in rows along N and are stored as they are. The few operands needed the other way (B and C by
-state column, u and dy by step) are transposed in 16 x 16 blocks, with AVX-512 shuffles where the
-CPU has them.
+state column, u and dy by step) are transposed in W x W blocks, with AVX-512 or AVX2 shuffles
+where the CPU has them.
 
 Work is split by (batch, group) over torch's threads. In the forward a chunk's B and C rows, their
 transposes and the scores C_l . B_s are formed once and used by each of the group's heads in turn;
