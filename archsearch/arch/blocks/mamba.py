@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from archsearch_kernels.dispatch import causal_conv1d, selective_scan, softplus
 from archsearch_kernels.selective_scan import selective_scan_naive
 from torch import nn
