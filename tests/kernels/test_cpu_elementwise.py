@@ -261,36 +261,29 @@ def test_softplus_holds_to_float_rounding_over_the_whole_range():
         assert error[~normal].max().item() < 2 * tiny, name
 
 
-@pytest.mark.parametrize("mixer", ["mamba", "gated_deltanet", "mamba2"])
-def test_step_sizes_take_the_softplus_kernel_and_match_the_reference_path(mixer, monkeypatch):
-    """A layer's output and every gradient under auto (the C++ softplus ran, counted) equal
-    the reference path's."""
+def assert_layers_take_the_kernel_and_match(mixer: str, kernel: str, monkeypatch) -> None:
+    """A two-layer model's loss and every gradient under auto (dispatch's `kernel` ran once a
+    layer, counted) equal the reference path's."""
     layer = LayerSpec(mixer=mixer, mlp="none", mlp_width=0, options={"d_state": 4} if mixer == "mamba" else {})
     model = build_model(ArchSpec(family="tiny", vocab_size=50, d_model=32, num_heads=2, layers=(layer, layer)))
     tokens = torch.randint(0, 50, (2, 19))
     batch = Batch(inputs=tokens[:, :-1], targets=tokens[:, 1:])
     calls = []
-    real = dispatch.softplus_cpu
-    monkeypatch.setattr(dispatch, "softplus_cpu", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = getattr(dispatch, kernel)
+    monkeypatch.setattr(dispatch, kernel, lambda *a, **k: calls.append(1) or real(*a, **k))
     results = loss_and_grads_each_way(model, batch, monkeypatch)
     assert len(calls) == 2  # both layers, under auto only
     assert_same_loss_and_grads(results)
+
+
+@pytest.mark.parametrize("mixer", ["mamba", "gated_deltanet", "mamba2"])
+def test_step_sizes_take_the_softplus_kernel_and_match_the_reference_path(mixer, monkeypatch):
+    assert_layers_take_the_kernel_and_match(mixer, "softplus_cpu", monkeypatch)
 
 
 @pytest.mark.parametrize("mixer", ["mamba", "gated_deltanet", "mamba2"])
 def test_recurrent_mixers_take_the_causal_conv_kernel_and_match_the_reference_path(mixer, monkeypatch):
-    """A layer's output and every gradient under auto (the C++ conv ran, counted) equal the
-    reference path's."""
-    layer = LayerSpec(mixer=mixer, mlp="none", mlp_width=0, options={"d_state": 4} if mixer == "mamba" else {})
-    model = build_model(ArchSpec(family="tiny", vocab_size=50, d_model=32, num_heads=2, layers=(layer, layer)))
-    tokens = torch.randint(0, 50, (2, 19))
-    batch = Batch(inputs=tokens[:, :-1], targets=tokens[:, 1:])
-    calls = []
-    real = dispatch.causal_conv1d_cpu
-    monkeypatch.setattr(dispatch, "causal_conv1d_cpu", lambda *a, **k: calls.append(1) or real(*a, **k))
-    results = loss_and_grads_each_way(model, batch, monkeypatch)
-    assert len(calls) == 2  # both layers, under auto only
-    assert_same_loss_and_grads(results)
+    assert_layers_take_the_kernel_and_match(mixer, "causal_conv1d_cpu", monkeypatch)
 
 
 def test_dispatch_takes_the_kernels_for_float32_cpu_and_pytorch_elsewhere(monkeypatch):
