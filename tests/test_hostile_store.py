@@ -15,6 +15,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -110,6 +111,34 @@ def test_a_run_leaves_no_lock_file_in_the_machines_temporary_folder(tmp_path):
     with RunLock(store, study="s"):
         assert shared.is_file() and run_alive(store)
     assert not shared.exists() and not run_alive(store)
+
+
+def test_a_run_removes_the_lock_files_killed_runs_left_and_keeps_those_held(tmp_path, monkeypatch):
+    """A run killed by SIGKILL cannot remove its inode-keyed lock; the next run on any store
+    removes it as it starts, and leaves alone the one a live run holds."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    stores = [tmp_path / f"{name}.duckdb" for name in ("killed", "live", "next")]
+    for store in stores:
+        with A.open_store(store) as db:
+            db.add_study(name="s", path="s.yaml", config={})
+    killed, live, following = stores
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import os, signal
+        from archsearch.store import RunLock
+        RunLock({str(killed)!r}, study="killed").__enter__()
+        print("held", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+        """)], stdout=subprocess.PIPE, text=True, env={**os.environ, "TMPDIR": str(tmp_path / "tmp")})
+    assert holder.stdout.readline() == "held\n"
+    holder.wait(30)
+    left = lock_paths(killed)[1]
+    assert left.is_file() and not run_alive(killed)
+    with RunLock(live, study="live"):
+        assert not left.exists()  # removed by the run on another store
+        with RunLock(following, study="next"):
+            assert lock_paths(live)[1].is_file() and run_alive(live)
+    assert list((tmp_path / "tmp" / "archsearch-locks").iterdir()) == []
 
 
 def test_a_run_that_waited_on_a_removed_lock_file_takes_the_one_its_name_leads_to(tmp_path):

@@ -12,10 +12,11 @@ path (``<real path>.lock``, which also holds who runs) and, once the store
 exists, one keyed by its device and inode in the machine's temporary folder
 (``archsearch-locks/<dev>-<inode>.lock``), which a hard link in another
 folder shares. A run takes both; a reader through any name tests both.
-The run removes the shared one when it ends, so the temporary folder does
-not fill with one file per store ever run; a run that took a lock file
-checks that its name still leads to it, and opens the new one if the run
-before removed it meanwhile. Torch-free.
+The run removes the shared one when it ends, and removes as it starts
+those no run holds (left by runs that were killed), so the temporary folder
+does not fill with one file per store ever run; a run that took a lock file
+checks that its name still leads to it, and opens the new one if another run
+removed it meanwhile. Torch-free.
 """
 
 from __future__ import annotations
@@ -104,6 +105,8 @@ class RunLock:
         except BaseException:
             self._release()
             raise
+        if self.shared is not None:
+            remove_unheld_locks(self.shared.parent, keep=self.shared)
         holder = dict(study=self.study, pid=os.getpid(), host=socket.gethostname(),
                       since=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"))
         try:
@@ -169,6 +172,35 @@ def run_alive(store: str | Path) -> bool:
         finally:
             os.close(fd)  # closing drops a shared lock taken above
     return False
+
+
+def remove_unheld_locks(folder: Path, *, keep: Path) -> int:
+    """Remove the lock files in the shared ``folder`` that no run holds, ``keep`` apart: those of
+    runs that were killed (a SIGKILL, a node lost) before they could remove their own. Each is
+    removed while held, so a run that opened it meanwhile finds its name gone once it has the lock
+    and opens the file the name leads to then. Another user's files stay (the folder is sticky).
+    Returns how many it removed."""
+    removed = 0
+    with suppress(OSError):
+        for entry in os.scandir(folder):
+            if not entry.name.endswith(".lock") or entry.path == str(keep):
+                continue
+            try:
+                fd = os.open(entry.path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    continue
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # refused while a run holds it
+                if _names(Path(entry.path), fd):
+                    os.unlink(entry.path)
+                    removed += 1
+            except OSError:  # held (BlockingIOError), or another user's file
+                continue
+            finally:
+                os.close(fd)  # closing drops the lock taken above
+    return removed
 
 
 def _names(path: Path, fd: int) -> bool:
