@@ -33,7 +33,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .cpu_cache import EXTENSIONS, HERE, build_lock, build_name, expected_seconds, is_built, record_seconds
+from .cpu_cache import (EXTENSIONS, HERE, build_lock, build_name, expected_seconds, is_built, record_inputs,
+                        record_seconds, remove_stale_builds)
 
 ARCH_FLAGS = {
     "AVX512": ["-mavx512f", "-mavx512dq", "-mavx512vl", "-mavx512bw", "-mavx2", "-mfma", "-mprefer-vector-width=512"],
@@ -170,8 +171,10 @@ class Extension:
             module = load_inline(name=name, cpp_sources=sources, functions=functions, extra_cflags=flags,
                                  extra_ldflags=["-fopenmp"], build_directory=str(folder), verbose=False)
             record_seconds(self.name, time.monotonic() - began)
+            record_inputs(self.name, folder)
             _say(f"archsearch: compiled {EXTENSIONS.get(self.name, self.name)} in {time.monotonic() - began:.0f} s")
-            return module
+        remove_stale_builds(keep=name, say=_say)
+        return module
 
     def _load_locked(self) -> None:
         module, build_error = None, None

@@ -15,6 +15,13 @@ building one name with an advisory lock (``NAME.lock`` beside the folder) that t
 releases when its holder exits, however it exits: a second process waits for the first and then
 loads its build; a lock file that torch's own builder left behind when a build was killed is
 removed by the next build, with a line that says so.
+
+The lock file is rewritten each time a process loads its build, so its modification time says
+when the build was last used. Each new build removes the builds that no environment can load any
+more (the torch folder they were compiled against is gone: a deleted venv or checkout) or that
+none has loaded for `UNUSED_DAYS` days, one line naming how many and the space freed
+(`remove_stale_builds`): a machine that many venvs and checkouts come and go on keeps the builds
+in use and not every build ever made.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import importlib.metadata
 import importlib.util
 import json
 import os
+import shutil
 import sys
 import sysconfig
 import time
@@ -45,6 +53,8 @@ SOURCES = {"elementwise": ("causal_conv", "rmsnorm", "rope", "softplus", "swiglu
 # each extension's expected build time where none was measured here yet (2 idle cores, seconds)
 FIRST_GUESS_S = {"elementwise": 40, "selective_scan": 40, "ssd": 40, "gated_delta": 40}
 TIMES_FILE = "build_times.json"  # in the cache's archsearch folder: how long each extension's last build took
+INPUTS_FILE = "inputs.json"  # in each build's folder: its `build_inputs`, to tell when its environment is gone
+UNUSED_DAYS = 30  # a build that no process has loaded for this long is removed by the next build
 
 
 def build_inputs(extension: str) -> dict[str, str]:
@@ -120,13 +130,19 @@ def record_seconds(extension: str, seconds: float) -> None:
         pass
 
 
-@contextmanager
-def build_lock(name: str, *, say: Callable[[str], None]) -> Iterator[Path]:
-    """Hold the lock of build `name` (waiting, with a line, while another process holds it);
-    yields its build folder, rid of a lock file a killed build left there."""
-    folder = build_dir(name)
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder.parent / f"{name}.lock", "a+") as lock:
+def record_inputs(extension: str, folder: Path) -> None:
+    """Keep, in a new build's `folder`, what it was built from (best effort), for `remove_stale_builds`."""
+    try:
+        (folder / INPUTS_FILE).write_text(json.dumps(build_inputs(extension), sort_keys=True))
+    except OSError:
+        pass
+
+
+def _open_lock(path: Path, *, say: Callable[[str], None], name: str):
+    """The lock file `path` opened and held: waiting, with a line, while another process holds it,
+    and opening it again if a process removed it meanwhile (`remove_stale_builds`)."""
+    while True:
+        lock = open(path, "a+")
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -136,6 +152,29 @@ def build_lock(name: str, *, say: Callable[[str], None]) -> Iterator[Path]:
             began = time.monotonic()
             fcntl.flock(lock, fcntl.LOCK_EX)
             say(f"archsearch: that build ended after {time.monotonic() - began:.0f} s; loading it")
+        if _names(path, lock.fileno()):
+            return lock
+        lock.close()
+
+
+def _names(path: Path, fd: int) -> bool:
+    """Whether `path` still names the file open on `fd`."""
+    try:
+        named = os.stat(path)
+    except OSError:
+        return False
+    held = os.fstat(fd)
+    return (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino)
+
+
+@contextmanager
+def build_lock(name: str, *, say: Callable[[str], None]) -> Iterator[Path]:
+    """Hold the lock of build `name` (waiting, with a line, while another process holds it);
+    yields its build folder, rid of a lock file a killed build left there."""
+    folder = build_dir(name)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with _open_lock(folder.parent / f"{name}.lock", say=say, name=name) as lock:
+        folder.mkdir(exist_ok=True)
         lock.seek(0)
         lock.truncate()
         lock.write(f"process {os.getpid()}")
@@ -149,5 +188,63 @@ def build_lock(name: str, *, say: Callable[[str], None]) -> Iterator[Path]:
         yield folder
 
 
+def remove_stale_builds(*, keep: str, say: Callable[[str], None]) -> list[str]:
+    """Remove every build in the cache, `keep` and those a process holds apart, that no environment
+    can load any more (the torch folder in its `INPUTS_FILE` is gone) or that no process has loaded
+    for `UNUSED_DAYS` days (its lock file's age); one line says how many and the space freed.
+    Each is removed while its lock is held, so a process that opened the lock meanwhile finds the
+    name gone once it has the lock, and opens the new one. Returns the names removed."""
+    root = extensions_root() / "archsearch"
+    removed, freed = [], 0
+    oldest = time.time() - UNUSED_DAYS * 86400
+    for path in sorted(root.glob("archsearch_*.lock")):
+        name = path.name[:-len(".lock")]
+        folder = root / name
+        if name == keep:
+            continue
+        try:
+            lock = open(path, "a+")
+        except OSError:  # another user's cache folder, or gone
+            continue
+        with lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # refused while a process builds or loads it
+            except OSError:
+                continue
+            if not _names(path, lock.fileno()) or not (os.fstat(lock.fileno()).st_mtime < oldest
+                                                       or _environment_gone(folder)):
+                continue
+            freed += _size(folder)
+            shutil.rmtree(folder, ignore_errors=True)
+            path.unlink(missing_ok=True)
+            removed.append(name)
+    if removed:
+        say(f"archsearch: removed {len(removed)} C++ kernel build{'s' * (len(removed) > 1)} no environment here "
+            f"uses any more ({freed / 2**20:.1f} MiB) from {root}")
+    return removed
+
+
+def _size(folder: Path) -> int:
+    """The bytes of the files under `folder` (0 where it cannot be read)."""
+    total = 0
+    for base, _, files in os.walk(folder):
+        for file in files:
+            try:
+                total += os.lstat(os.path.join(base, file)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def _environment_gone(folder: Path) -> bool:
+    """Whether the build in `folder` was compiled against a torch folder that no longer exists."""
+    try:
+        torch_dir = json.loads((folder / INPUTS_FILE).read_text())["torch_dir"]
+    except (OSError, ValueError, KeyError, TypeError):  # a build from before its inputs were kept: age alone
+        return False
+    return bool(torch_dir) and not os.path.isdir(torch_dir)
+
+
 __all__ = ["EXTENSIONS", "SOURCES", "build_digest", "build_dir", "build_inputs", "build_lock", "build_name",
-           "expected_seconds", "extensions_root", "is_built", "record_seconds"]
+           "expected_seconds", "extensions_root", "is_built", "record_inputs", "record_seconds",
+           "remove_stale_builds"]

@@ -5,10 +5,12 @@ others wait, never stuck on a lock a killed build left, and announced before the
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -131,6 +133,99 @@ def test_the_announced_duration_is_the_last_build_here(cache):
     assert cpu_cache.expected_seconds("elementwise") == (cpu_cache.FIRST_GUESS_S["elementwise"], False)
     cpu_cache.record_seconds("elementwise", 71.4)
     assert cpu_cache.expected_seconds("elementwise") == (71, True)
+
+
+def lock_build(name: str, *, torch_dir: str | None, days_unused: float = 0) -> Path:
+    """A build `name` in the cache as a process leaves it: its folder (with the inputs it was
+    built from, `torch_dir` among them, where given) and its lock file, last used `days_unused` ago."""
+    folder = cpu_cache.build_dir(name)
+    folder.mkdir(parents=True)
+    (folder / f"{name}.so").write_bytes(b"x" * 4096)
+    if torch_dir is not None:
+        (folder / cpu_cache.INPUTS_FILE).write_text(json.dumps({"torch_dir": torch_dir}))
+    lock = folder.parent / f"{name}.lock"
+    lock.write_text("process 4242")
+    used = time.time() - days_unused * 86400
+    os.utime(lock, (used, used))
+    return folder
+
+
+def test_a_new_build_removes_the_builds_no_environment_uses_and_keeps_the_rest(cache, tmp_path):
+    """Builds whose torch folder is gone (a deleted venv) and builds no process has loaded for
+    UNUSED_DAYS go; the one just built, those in use (recent, or their lock held) stay, one
+    line says what went."""
+    torch_here = str(tmp_path / "venv" / "torch")
+    os.makedirs(torch_here)
+    gone = str(tmp_path / "deleted-venv" / "torch")
+    days = cpu_cache.UNUSED_DAYS
+    builds = {"deleted_venv": lock_build("archsearch_a_avx2_1", torch_dir=gone),
+              "unused": lock_build("archsearch_b_avx2_2", torch_dir=torch_here, days_unused=days + 1),
+              "unused_unrecorded": lock_build("archsearch_c_avx2_3", torch_dir=None, days_unused=days + 1),
+              "in_use": lock_build("archsearch_d_avx2_4", torch_dir=torch_here, days_unused=days - 1),
+              "unrecorded": lock_build("archsearch_e_avx2_5", torch_dir=None),
+              "held": lock_build("archsearch_f_avx2_6", torch_dir=gone),
+              "just_built": lock_build("archsearch_g_avx2_7", torch_dir=gone)}
+    lines = []
+    with open(builds["held"].parent / "archsearch_f_avx2_6.lock") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # a process loading it now
+        removed = cpu_cache.remove_stale_builds(keep="archsearch_g_avx2_7", say=lines.append)
+    assert sorted(removed) == ["archsearch_a_avx2_1", "archsearch_b_avx2_2", "archsearch_c_avx2_3"]
+    left = {why for why, folder in builds.items() if folder.exists()}
+    assert left == {"in_use", "unrecorded", "held", "just_built"}
+    locks = sorted(p.name for p in (cache / "archsearch").glob("*.lock"))
+    assert locks == [f"{name}.lock" for name in ("archsearch_d_avx2_4", "archsearch_e_avx2_5",
+                                                    "archsearch_f_avx2_6", "archsearch_g_avx2_7")]
+    assert lines == [f"archsearch: removed 3 C++ kernel builds no environment here uses any more (0.0 MiB) "
+                     f"from {cache / 'archsearch'}"]
+    # once no process holds it, the build of the deleted venv goes too
+    assert cpu_cache.remove_stale_builds(keep="archsearch_g_avx2_7", say=lines.append) == ["archsearch_f_avx2_6"]
+    assert cpu_cache.remove_stale_builds(keep="archsearch_g_avx2_7", say=lines.append) == [] and len(lines) == 2
+
+
+def test_a_build_recorded_its_inputs_and_a_load_marks_it_used(cache):
+    name = cpu_cache.build_name("elementwise", "AVX2")
+    with cpu_cache.build_lock(name, say=print) as folder:
+        cpu_cache.record_inputs("elementwise", folder)
+    lock = folder.parent / f"{name}.lock"
+    os.utime(lock, (0, 0))
+    assert json.loads((folder / cpu_cache.INPUTS_FILE).read_text()) == cpu_cache.build_inputs("elementwise")
+    with cpu_cache.build_lock(name, say=print):
+        pass
+    assert time.time() - lock.stat().st_mtime < 60
+
+
+def test_a_process_waiting_on_a_build_lock_that_is_removed_takes_the_new_one(cache):
+    """A process waits on a build's lock while another removes that build (holding the lock, as
+    `remove_stale_builds` does): once it has the lock, the waiter must hold the file the name
+    leads to now, so a third process cannot build beside it."""
+    name = cpu_cache.build_name("elementwise", "AVX2")
+    path = cpu_cache.build_dir(name).parent / f"{name}.lock"
+    path.parent.mkdir(parents=True)
+    remover = open(path, "a+")
+    fcntl.flock(remover, fcntl.LOCK_EX)
+    holding, done, lines = threading.Event(), threading.Event(), []
+
+    def waiter():
+        with cpu_cache.build_lock(name, say=lines.append):
+            holding.set()
+            done.wait(10)
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not lines:  # it has opened the lock and waits
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        path.unlink()
+        remover.close()
+        assert holding.wait(10)
+        with open(path, "a+") as third:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(third, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        done.set()
+        thread.join()
 
 
 def test_the_cache_holds_the_build_the_extension_loaded():
