@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import textwrap
 from pathlib import Path
@@ -15,6 +16,13 @@ import pytest
 # run in the interpreter whatever ran before them.
 if not Path("/dev/nvidiactl").exists():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# A suite started in the background of a non-interactive shell (`nohup pytest &`, a batch job)
+# inherits SIGINT ignored, and so would every run the tests start: the tests that Ctrl-C a run
+# would see it finish instead. A handler (unlike SIG_IGN) is reset to the default in a started
+# program, whose Python then turns SIGINT into KeyboardInterrupt as it does under a terminal.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 TINY_SPACE = """\
 name: tiny
