@@ -174,13 +174,11 @@ def run_alive(store: str | Path) -> bool:
     return False
 
 
-def remove_unheld_locks(folder: Path, *, keep: Path) -> int:
+def remove_unheld_locks(folder: Path, *, keep: Path) -> None:
     """Remove the lock files in the shared ``folder`` that no run holds, ``keep`` apart: those of
     runs that were killed (a SIGKILL, a node lost) before they could remove their own. Each is
     removed while held, so a run that opened it meanwhile finds its name gone once it has the lock
-    and opens the file the name leads to then. Another user's files stay (the folder is sticky).
-    Returns how many it removed."""
-    removed = 0
+    and opens the file the name leads to then. Another user's files stay (the folder is sticky)."""
     with suppress(OSError):
         for entry in os.scandir(folder):
             if not entry.name.endswith(".lock") or entry.path == str(keep):
@@ -195,12 +193,10 @@ def remove_unheld_locks(folder: Path, *, keep: Path) -> int:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # refused while a run holds it
                 if _names(Path(entry.path), fd):
                     os.unlink(entry.path)
-                    removed += 1
             except OSError:  # held (BlockingIOError), or another user's file
                 continue
             finally:
                 os.close(fd)  # closing drops the lock taken above
-    return removed
 
 
 def _names(path: Path, fd: int) -> bool:

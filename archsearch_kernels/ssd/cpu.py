@@ -24,8 +24,9 @@ backward's recomputed write and its dS update) sum over the L steps of a chunk a
 their register tiles loads and stores its accumulators once for L multiply-adds an accumulator:
 against 16-step chunks, forward and backward took 1.06x the time with 8-step ones (one AVX2
 vector) and 1.13x with 32-step ones (B 8, T 256, 4 heads of 64, N 128, AVX2, one thread, median
-of 40 interleaved calls of the three builds in one process). Decays are products of the a_t, never differences of cumulative logs, so a strong
-decay underflows to 0 as the reference's does and a weak one after it is not lost to rounding.
+of 40 interleaved calls of the three builds in one process). Decays are products of the a_t,
+never differences of cumulative logs, so a strong decay underflows to 0 as the reference's does
+and a weak one after it is not lost to rounding.
 
 Backward, one head at a time: the head's state entering every chunk is recomputed (one state
 write a chunk, kept in a thread's scratch of T / L + 1 states, 4.2 MB at T 2048 with P 64, N 128
